@@ -1,0 +1,14 @@
+"""Small shared helpers."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def set_threads(n: int | None = None) -> int:
+    """Set torch's intra-op threads (default: ``HIDESEEK_THREADS`` or all cores)."""
+    if n is None:
+        n = int(os.environ.get("HIDESEEK_THREADS", os.cpu_count() or 1))
+    torch.set_num_threads(max(1, n))
+    return torch.get_num_threads()
