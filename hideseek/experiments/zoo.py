@@ -1,0 +1,170 @@
+"""Measuring sharpness over a zoo of trained models, shared by the vision and language zoos.
+
+:func:`measure_zoo` evaluates several sharpness measures, each over a grid of radii
+``rho``, on every model of a zoo, always on the same batches and with the same seed,
+and returns a tidy :class:`pandas.DataFrame` with one row per (model, measure, rho).
+
+The helpers below it turn such a frame plus each model's generalisation gap into the
+quantities the figures show: Kendall tau against the gap for every ``rho`` (the
+"tau vs rho" curves), and a split-half protocol in which each measure's ``rho`` is
+chosen on one half of the zoo and tau is reported, with a bootstrap interval, on the
+other half (statistics from :mod:`hideseek.experiments.correlation`).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+ModelOrLoader = nn.Module | Callable[[], nn.Module]
+
+#: The three measures of Figures 4 and 5 and Table 1, as keyword arguments for
+#: :func:`hideseek.sharpness` (worst case; the rho is supplied per grid point).
+STANDARD_MEASURES: dict[str, dict[str, Any]] = {
+    "adaptive": dict(measure="adaptive", p="l2"),
+    "geodesic_invariant": dict(measure="geodesic", metric="invariant"),
+    "geodesic_mixed": dict(measure="geodesic", metric="mixed"),
+}
+
+_RESERVED = ("rho", "n_iters", "seed")
+
+
+def _model_items(models) -> list[tuple[str, ModelOrLoader]]:
+    if isinstance(models, Mapping):
+        items = list(models.items())
+    else:
+        items = list(models)
+    out = []
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(
+                "models must be a mapping name -> model or a sequence of (name, model) pairs, "
+                f"where model is an nn.Module or a zero-argument loader; got item {item!r}"
+            )
+        name, model = item
+        if not (isinstance(model, nn.Module) or callable(model)):
+            raise TypeError(f"model {name!r}: expected nn.Module or loader callable, got {type(model)}")
+        out.append((str(name), model))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must be unique, got {names}")
+    if not out:
+        raise ValueError("models is empty")
+    return out
+
+
+def _rho_grids(measures: Mapping[str, Mapping], rho_grid) -> dict[str, list[float]]:
+    if isinstance(rho_grid, Mapping):
+        missing = set(measures) - set(rho_grid)
+        if missing:
+            raise ValueError(f"rho_grid has no grid for measures {sorted(missing)}")
+        grids = {m: [float(r) for r in rho_grid[m]] for m in measures}
+    else:
+        shared = [float(r) for r in rho_grid]
+        grids = {m: list(shared) for m in measures}
+    for m, g in grids.items():
+        if not g:
+            raise ValueError(f"empty rho grid for measure {m!r}")
+        if any(not (r > 0) for r in g):
+            raise ValueError(f"rho must be positive, got {g} for measure {m!r}")
+    return grids
+
+
+def measure_zoo(
+    models: Mapping[str, ModelOrLoader] | Iterable[tuple[str, ModelOrLoader]],
+    batches: Sequence,
+    measures: Mapping[str, Mapping[str, Any]],
+    rho_grid: Sequence[float] | Mapping[str, Sequence[float]],
+    *,
+    seed: int,
+    n_iters: int,
+    progress: bool = True,
+    common: Mapping[str, Any] | None = None,
+    sharpness_fn: Callable | None = None,
+) -> pd.DataFrame:
+    """Sharpness of every model under every measure and every rho of the grid.
+
+    Parameters
+    ----------
+    models:
+        ``(name, model)`` pairs (or a mapping ``name -> model``), where ``model`` is an
+        ``nn.Module`` or a zero-argument callable returning one; a loader is called once
+        per model and its result dropped afterwards, so a large zoo need not sit in memory.
+    batches:
+        ``(inputs, labels)`` batches, materialised once and used unchanged for every
+        model, measure and rho.
+    measures:
+        ``name -> keyword arguments`` for :func:`hideseek.sharpness`, e.g.
+        :data:`STANDARD_MEASURES`. ``rho``, ``n_iters`` and ``seed`` are set here.
+    rho_grid:
+        radii, shared by all measures, or a mapping ``measure name -> radii``.
+    seed, n_iters:
+        passed to every call; the same seed for every model (common random numbers).
+    common:
+        extra keyword arguments for every call (e.g. ``loss_fn``).
+    sharpness_fn:
+        the function called, :func:`hideseek.sharpness` by default.
+
+    Returns
+    -------
+    DataFrame with columns ``model, measure, rho, value, per_batch, seconds``, one row
+    per (model, measure, rho) in the order models x measures x rho; ``per_batch`` holds
+    the list of per-batch values whose mean is ``value``.
+    """
+    if sharpness_fn is None:
+        from hideseek import sharpness as sharpness_fn  # noqa: PLC0415 (core imported lazily)
+    items = _model_items(models)
+    batches = list(batches)
+    if not batches:
+        raise ValueError("batches is empty")
+    if not measures:
+        raise ValueError("measures is empty")
+    common = dict(common or {})
+    for name, kw in measures.items():
+        clash = [k for k in _RESERVED if k in kw]
+        if clash:
+            raise ValueError(f"measure {name!r}: {clash} are set by measure_zoo, not per measure")
+    clash = [k for k in _RESERVED if k in common]
+    if clash:
+        raise ValueError(f"common: {clash} are set by measure_zoo")
+    if n_iters < 1:
+        raise ValueError(f"n_iters must be >= 1, got {n_iters}")
+    grids = _rho_grids(measures, rho_grid)
+
+    total = len(items) * sum(len(g) for g in grids.values())
+    rows = []
+    bar = tqdm(total=total, desc="sharpness", unit="run", disable=not progress)
+    try:
+        for name, model in items:
+            if not isinstance(model, nn.Module):
+                model = model()
+                if not isinstance(model, nn.Module):
+                    raise TypeError(f"loader for {name!r} returned {type(model)}, not an nn.Module")
+            model.eval()
+            for mname, kw in measures.items():
+                for rho in grids[mname]:
+                    bar.set_postfix_str(f"{name} {mname} rho={rho:g}", refresh=False)
+                    torch.manual_seed(seed)
+                    t0 = time.perf_counter()
+                    res = sharpness_fn(model, batches, rho=rho, n_iters=n_iters, seed=seed, **common, **kw)
+                    seconds = time.perf_counter() - t0
+                    rows.append(
+                        dict(
+                            model=name,
+                            measure=mname,
+                            rho=rho,
+                            value=float(res.value),
+                            per_batch=[float(v) for v in res.per_batch],
+                            seconds=seconds,
+                        )
+                    )
+                    bar.update(1)
+            del model
+    finally:
+        bar.close()
+    return pd.DataFrame(rows, columns=["model", "measure", "rho", "value", "per_batch", "seconds"])
