@@ -1,0 +1,301 @@
+"""Run one notebook stage of the report pipeline with papermill, atomically.
+
+Every figure of the companion is a notebook ``notebooks/<stage>.ipynb`` with a
+cell tagged ``parameters`` that defines three names:
+
+``profile``
+    the name of the parameter profile (``cpu``, ``gpu`` or ``paper``),
+``params``
+    a dict, the stage's resolved parameters ``params.yaml[stage][profile]``,
+``out_dir``
+    a folder the notebook writes into, and nowhere else:
+    ``out_dir/figures/*.png|pdf``, ``out_dir/metrics/<stage>.json`` and,
+    optionally, ``out_dir/data/*``.
+
+``python -m hideseek.pipeline <stage> [--profile P] [--set key=value ...]``
+executes the notebook into a fresh staging folder ``reports/.staging/...``
+(git-ignored). Only when the notebook ran to the end *and* wrote its metrics
+JSON are the results published:
+
+========================================  =====================================
+``out_dir/figures/*``                     ``reports/figures/<stage>/``
+``out_dir/data/*``                        ``reports/data/<stage>/``
+executed notebook                         ``reports/notebooks/<stage>.ipynb``
+``out_dir/metrics/<stage>.json``          ``reports/metrics/<stage>.json``
+========================================  =====================================
+
+Publishing first removes the stage's old metrics file, then swaps the folders
+and the notebook in with renames, and moves the metrics file in last, so the
+metrics file doubles as the "this report is complete" marker. A failed or
+interrupted run leaves ``reports/`` as it was and names the staging folder
+that holds the partially executed notebook.
+
+``--set`` values are parsed as YAML (``--set n_nets=10 --set rhos=[0.1,0.2]``)
+and may address nested keys with dots (``--set apgd.n_iters=5``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROFILES = ("cpu", "gpu", "paper")
+
+
+class PipelineError(RuntimeError):
+    """A stage could not be resolved or did not complete."""
+
+
+@dataclass
+class StageResult:
+    """What a successful :func:`run_stage` published."""
+
+    stage: str
+    profile: str
+    params: dict
+    notebook: Path
+    metrics: Path
+    figures: list[Path] = field(default_factory=list)
+    data: list[Path] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------- params
+
+
+def load_params(path: str | os.PathLike) -> dict:
+    """Read ``params.yaml``; a missing or non-mapping file is an error."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"parameter file {path} does not exist")
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path} must hold a mapping at top level, got {type(data).__name__}")
+    return data
+
+
+def resolve_stage_params(all_params: Mapping, stage: str, profile: str | None = None) -> tuple[str, dict]:
+    """Return ``(profile, params[stage][profile])``.
+
+    The profile defaults to the top-level ``profile`` key. A stage without a
+    section resolves to ``{}`` (a stage may need no parameters); a stage whose
+    section lacks the requested profile is an error that lists what exists.
+    """
+    if profile is None:
+        profile = all_params.get("profile", "cpu")
+    if profile not in PROFILES:
+        raise PipelineError(f"unknown profile {profile!r}; expected one of {PROFILES}")
+    section = all_params.get(stage)
+    if section is None:
+        return profile, {}
+    if not isinstance(section, Mapping):
+        raise PipelineError(f"params.yaml section {stage!r} must be a mapping of profiles")
+    if profile not in section:
+        raise PipelineError(
+            f"params.yaml section {stage!r} has no profile {profile!r} (has: {sorted(section)})"
+        )
+    resolved = section[profile] or {}
+    if not isinstance(resolved, Mapping):
+        raise PipelineError(f"params.yaml {stage}.{profile} must be a mapping")
+    return profile, dict(resolved)
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are YAML (numbers, lists, booleans)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise PipelineError(f"override {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise PipelineError(f"override {item!r} has an empty key")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def apply_overrides(params: Mapping, overrides: Mapping[str, Any]) -> dict:
+    """Return a deep copy of ``params`` with dotted-key overrides applied."""
+    result = json.loads(json.dumps(params))  # deep copy of plain data
+    for dotted, value in overrides.items():
+        keys = dotted.split(".")
+        node = result
+        for k in keys[:-1]:
+            if not isinstance(node.get(k), dict):
+                node[k] = {}
+            node = node[k]
+        node[keys[-1]] = value
+    return result
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _publish_dir(src: Path, dst: Path, trash: Path) -> list[Path]:
+    """Replace folder ``dst`` by ``src`` with renames; returns the new files."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        os.replace(dst, trash)
+    os.replace(src, dst)
+    return sorted(p for p in dst.rglob("*") if p.is_file())
+
+
+def _kernel_env(root: Path) -> None:
+    """Make the kernel papermill starts see the package and stay offline."""
+    pp = os.environ.get("PYTHONPATH", "")
+    parts = [p for p in pp.split(os.pathsep) if p]
+    if str(root) not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *parts])
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def run_stage(
+    stage: str,
+    *,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    params: Mapping | None = None,
+    root: str | os.PathLike = REPO_ROOT,
+    reports_dir: str | os.PathLike | None = None,
+    notebook: str | os.PathLike | None = None,
+    kernel_name: str = "python3",
+    progress_bar: bool = True,
+) -> StageResult:
+    """Execute ``notebooks/<stage>.ipynb`` and publish its outputs atomically.
+
+    ``params`` replaces the parameters read from ``root/params.yaml`` (tests
+    pass tiny ones); ``overrides`` (dotted keys) are applied on top.
+    ``reports_dir`` defaults to ``root/reports``.
+    """
+    import papermill as pm  # heavy import, only when running
+
+    root = Path(root).resolve()
+    reports = Path(reports_dir).resolve() if reports_dir is not None else root / "reports"
+    nb_in = Path(notebook) if notebook is not None else root / "notebooks" / f"{stage}.ipynb"
+    if not nb_in.is_file():
+        raise PipelineError(f"stage {stage!r}: notebook {nb_in} does not exist")
+
+    if params is None:
+        profile, stage_params = resolve_stage_params(load_params(root / "params.yaml"), stage, profile)
+    else:
+        profile = profile or "cpu"
+        if profile not in PROFILES:
+            raise PipelineError(f"unknown profile {profile!r}; expected one of {PROFILES}")
+        stage_params = dict(params)
+    stage_params = apply_overrides(stage_params, overrides or {})
+
+    staging_root = reports / ".staging"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{stage}-", dir=staging_root))
+    out_dir = staging / "out"
+    out_dir.mkdir()
+    nb_out = staging / f"{stage}.ipynb"
+
+    _kernel_env(root)
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(
+            str(nb_in),
+            str(nb_out),
+            parameters={"profile": profile, "params": stage_params, "out_dir": str(out_dir)},
+            kernel_name=kernel_name,
+            cwd=str(root),
+            progress_bar=progress_bar,
+        )
+    except BaseException as exc:  # KeyboardInterrupt included: nothing is published
+        raise PipelineError(
+            f"stage {stage!r} failed ({type(exc).__name__}); reports/ left untouched; "
+            f"partially executed notebook: {nb_out}"
+        ) from exc
+    seconds = time.perf_counter() - t0
+
+    metrics_src = out_dir / "metrics" / f"{stage}.json"
+    if not metrics_src.is_file():
+        raise PipelineError(
+            f"stage {stage!r} ran but wrote no {metrics_src.relative_to(staging)}; "
+            f"nothing published; executed notebook: {nb_out}"
+        )
+    with open(metrics_src) as fh:
+        metrics = json.load(fh)
+    if not isinstance(metrics, dict):
+        raise PipelineError(f"stage {stage!r}: metrics JSON must be an object")
+    metrics.setdefault("stage", stage)
+    metrics.setdefault("profile", profile)
+    metrics.setdefault("params", stage_params)
+    with open(metrics_src, "w") as fh:
+        json.dump(metrics, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+    # ---- publish: old marker out, folders and notebook in, marker in last
+    metrics_dst = reports / "metrics" / f"{stage}.json"
+    metrics_dst.parent.mkdir(parents=True, exist_ok=True)
+    if metrics_dst.exists():
+        metrics_dst.unlink()
+    trash = staging / "old"
+    trash.mkdir()
+    figures: list[Path] = []
+    data: list[Path] = []
+    fig_src = out_dir / "figures"
+    if fig_src.is_dir():
+        figures = _publish_dir(fig_src, reports / "figures" / stage, trash / "figures")
+    elif (reports / "figures" / stage).exists():
+        os.replace(reports / "figures" / stage, trash / "figures")
+    data_src = out_dir / "data"
+    if data_src.is_dir():
+        data = _publish_dir(data_src, reports / "data" / stage, trash / "data")
+    elif (reports / "data" / stage).exists():
+        os.replace(reports / "data" / stage, trash / "data")
+    nb_dst = reports / "notebooks" / f"{stage}.ipynb"
+    nb_dst.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(nb_out, nb_dst)
+    os.replace(metrics_src, metrics_dst)
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging_root.rmdir()  # only if empty
+    except OSError:
+        pass
+    return StageResult(stage, profile, stage_params, nb_dst, metrics_dst, figures, data, seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hideseek.pipeline",
+        description="Run notebooks/<stage>.ipynb with papermill and publish into reports/ atomically.",
+    )
+    parser.add_argument("stage")
+    parser.add_argument("--profile", choices=PROFILES, default=None,
+                        help="parameter profile (default: params.yaml's top-level 'profile')")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a stage parameter (YAML value, dotted keys for nesting)")
+    parser.add_argument("--root", default=str(REPO_ROOT), help="repository root (default: this checkout)")
+    parser.add_argument("--reports-dir", default=None, help="where to publish (default: <root>/reports)")
+    args = parser.parse_args(argv)
+    try:
+        res = run_stage(args.stage, profile=args.profile, overrides=parse_overrides(args.overrides),
+                        root=args.root, reports_dir=args.reports_dir)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"stage {res.stage} ({res.profile}) done in {res.seconds:.1f}s")
+    print(f"  notebook: {res.notebook}")
+    print(f"  metrics:  {res.metrics}")
+    for f in res.figures:
+        print(f"  figure:   {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
