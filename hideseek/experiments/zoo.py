@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -168,3 +169,86 @@ def measure_zoo(
     finally:
         bar.close()
     return pd.DataFrame(rows, columns=["model", "measure", "rho", "value", "per_batch", "seconds"])
+
+
+# --------------------------------------------------------------------------- tau tables
+
+
+def _gap_vector(frame: pd.DataFrame, gaps) -> tuple[list[str], np.ndarray]:
+    models = list(dict.fromkeys(frame["model"]))
+    if isinstance(gaps, Mapping):
+        gaps = pd.Series(gaps)
+    if isinstance(gaps, pd.Series):
+        missing = [m for m in models if m not in gaps.index]
+        if missing:
+            raise ValueError(f"no gap for models {missing}")
+        g = gaps.loc[models].to_numpy(dtype=float)
+    else:
+        g = np.asarray(gaps, dtype=float).ravel()
+        if g.size != len(models):
+            raise ValueError(f"{g.size} gaps for {len(models)} models")
+    return models, g
+
+
+def value_table(frame: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """``models x rho`` table of one measure's values (models in the frame's order)."""
+    sub = frame[frame["measure"] == measure]
+    if sub.empty:
+        raise ValueError(f"measure {measure!r} not in frame (has {sorted(frame['measure'].unique())})")
+    models = list(dict.fromkeys(frame["model"]))
+    table = sub.pivot(index="model", columns="rho", values="value").reindex(models)
+    if table.isna().any().any():
+        raise ValueError(f"measure {measure!r} lacks values for some (model, rho)")
+    return table
+
+
+def tau_vs_rho(frame: pd.DataFrame, gaps, *, n_boot: int = 1000, seed: int = 0, models=None) -> pd.DataFrame:
+    """Kendall tau (with bootstrap 95 % interval) between gap and each measure at every rho.
+
+    ``gaps``: a mapping/Series ``model -> gap`` or an array in the frame's model order.
+    ``models``: optional subset of model names (e.g. one half of the zoo).
+    Columns: ``measure, rho, tau, ci_low, ci_high, pvalue, n``.
+    """
+    from hideseek.experiments.correlation import kendall_tau
+
+    names, g = _gap_vector(frame, gaps)
+    keep = list(range(len(names))) if models is None else [names.index(m) for m in models]
+    rows = []
+    for measure in dict.fromkeys(frame["measure"]):
+        table = value_table(frame, measure)
+        for rho in table.columns:
+            res = kendall_tau(table[rho].to_numpy()[keep], g[keep], n_boot=n_boot, seed=seed)
+            rows.append(dict(measure=measure, rho=float(rho), tau=res.tau, ci_low=res.ci_low,
+                             ci_high=res.ci_high, pvalue=res.pvalue, n=res.n))
+    return pd.DataFrame(rows)
+
+
+def split_half_taus(frame: pd.DataFrame, gaps, *, seed: int = 0, n_boot: int = 2000,
+                    criterion: str = "abs", paper: Mapping[str, float] | None = None) -> tuple[pd.DataFrame, dict]:
+    """Each measure's rho chosen on one half of the zoo, tau reported on the other half.
+
+    The same random halves (drawn from ``seed``) are used for every measure. Also reports,
+    at the chosen rho, tau over the whole zoo with its bootstrap interval (for the figure
+    panels, which show all models). Returns ``(table, halves)`` where ``table`` has one row
+    per measure (``measure, rho, tau_select, tau, ci_low, ci_high, pvalue, n_eval,
+    tau_all, ci_low_all, ci_high_all, n_all`` and ``paper`` when given) and ``halves``
+    maps ``"select"``/``"eval"`` to the model names of each half.
+    """
+    from hideseek.experiments.correlation import kendall_tau, tau_split_half
+
+    names, g = _gap_vector(frame, gaps)
+    rows, halves = [], None
+    for measure in dict.fromkeys(frame["measure"]):
+        table = value_table(frame, measure)
+        res = tau_split_half({float(r): table[r].to_numpy() for r in table.columns}, g,
+                             seed=seed, n_boot=n_boot, criterion=criterion)
+        halves = {"select": [names[i] for i in res.select_idx], "eval": [names[i] for i in res.eval_idx]}
+        full = kendall_tau(table[res.chosen].to_numpy(), g, n_boot=n_boot, seed=seed)
+        row = dict(measure=measure, rho=res.chosen, tau_select=res.tau_select, tau=res.held_out.tau,
+                   ci_low=res.held_out.ci_low, ci_high=res.held_out.ci_high, pvalue=res.held_out.pvalue,
+                   n_eval=res.held_out.n, tau_all=full.tau, ci_low_all=full.ci_low, ci_high_all=full.ci_high,
+                   n_all=full.n)
+        if paper is not None:
+            row["paper"] = paper.get(measure, float("nan"))
+        rows.append(row)
+    return pd.DataFrame(rows), halves
