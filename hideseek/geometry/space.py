@@ -1,0 +1,218 @@
+"""The perturbation space of a whole model at a fixed point θ.
+
+Parameters inside GL(h) pairs (attention, user-declared pairs) get the quotient geometry
+of :mod:`hideseek.geometry.gl`, stacked over heads and layers that share a shape; every
+other parameter gets the elementwise adaptive geometry (MATH.md §6).  A tangent vector is
+a plain list of tensors: ``[ξ_G, ξ_H]`` per stacked pair group, then one tensor per free
+parameter.  All state that depends only on θ is computed once here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ..symmetries.base import SymmetryBlock
+from .gl import PairGeometry
+
+Tangent = list[Tensor]
+NORMS = ("riemannian", "adaptive")
+
+
+def _floor_scale(x: Tensor) -> Tensor:
+    """Elementwise scale ``|x|``, floored far below the typical magnitude so that the
+    adaptive norm stays finite on exact zeros inside a pair."""
+    c = x.abs()
+    return c.clamp_min(1e-8 * float(c.mean()) + torch.finfo(x.dtype).tiny)
+
+
+@dataclass
+class _Slot:
+    group: int   # index into the stacked groups
+    start: int
+    stop: int
+
+
+class ProductGeometry:
+    """Metric, projection, gradient and geodesic step for all of a model's parameters.
+
+    Parameters
+    ----------
+    params:
+        ``name -> tensor`` at θ (only the parameters to perturb).
+    blocks:
+        Symmetry blocks (each owning its parameters entirely); empty for pure adaptive.
+    metric, eps:
+        Pair metric (``"invariant"`` or ``"mixed"``) and ε relaxation.
+    norm:
+        ``"riemannian"``: the pair metric; ``"adaptive"``: elementwise ``‖ξ ⊘ |θ|‖₂`` on the
+        pairs too (the Christoffel-only ablation), still restricted to horizontal vectors.
+    christoffel:
+        ``True`` second-order geodesic step, ``False`` straight step, ``"exact"`` closed-form
+        geodesics (invariant metric, h = 1, ε = 0).
+    p:
+        ``"l2"`` or ``"linf"``; ``"linf"`` is only defined without pairs (adaptive ℓ∞).
+    """
+
+    def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock] = (), *,
+                 metric: str = "invariant", eps: float = 0.0, norm: str = "riemannian",
+                 christoffel: bool | str = True, p: str = "l2") -> None:
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if p not in ("l2", "linf"):
+            raise ValueError(f"p must be 'l2' or 'linf', got {p!r}")
+        if p == "linf" and blocks:
+            raise ValueError("the l∞ ball is only defined for the adaptive measure (no pairs)")
+        self.norm, self.christoffel, self.p = norm, christoffel, p
+        self.blocks = list(blocks)
+        owned = [n for b in self.blocks for n in b.param_names]
+        if len(owned) != len(set(owned)):
+            raise ValueError("a parameter belongs to two symmetry blocks")
+        missing = [n for n in owned if n not in params]
+        if missing:
+            raise KeyError(f"symmetry blocks refer to unknown parameters: {missing}")
+        self.free_names = [n for n in params if n not in set(owned)]
+        self.theta_free = [params[n].detach() for n in self.free_names]
+        self.c_free = [t.abs() for t in self.theta_free]
+
+        # Stack pair groups of equal shape over blocks.
+        stacks: dict[tuple, list[tuple[Tensor, Tensor]]] = {}
+        self.slots: list[list[_Slot]] = []
+        keys: list[tuple] = []
+        for blk in self.blocks:
+            slots = []
+            for grp, (G, H) in zip(blk.groups, blk.split({n: params[n].detach() for n in blk.param_names})):
+                key = grp.shape_key
+                if key not in stacks:
+                    stacks[key] = []
+                    keys.append(key)
+                start = sum(g.shape[0] for g, _ in stacks[key])
+                stacks[key].append((G, H))
+                slots.append(_Slot(keys.index(key), start, start + G.shape[0]))
+            self.slots.append(slots)
+        self.pairs: list[PairGeometry] = []
+        for key in keys:
+            G = torch.cat([g for g, _ in stacks[key]])
+            H = torch.cat([h for _, h in stacks[key]])
+            self.pairs.append(PairGeometry(G, H, metric, eps))
+        if norm == "adaptive":
+            self.c_pairs = [(_floor_scale(pg.G), _floor_scale(pg.H)) for pg in self.pairs]
+        ref = next(iter(params.values()))
+        self.dtype, self.device = ref.dtype, ref.device
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def n_pair_tensors(self) -> int:
+        return 2 * len(self.pairs)
+
+    def zeros(self) -> Tangent:
+        out = []
+        for pg in self.pairs:
+            out += [torch.zeros_like(pg.G), torch.zeros_like(pg.H)]
+        return out + [torch.zeros_like(t) for t in self.theta_free]
+
+    def _split(self, x: Tangent):
+        k = self.n_pair_tensors
+        return [(x[2 * i], x[2 * i + 1]) for i in range(len(self.pairs))], x[k:]
+
+    def dimension(self) -> int:
+        return sum(t.numel() for t in self.zeros())
+
+    # ------------------------------------------------------------------ point
+    def point(self, x: Tangent) -> dict[str, Tensor]:
+        """Parameters at ``γ_ξ(1)`` (differentiable in ξ) for a functional forward pass."""
+        pair_x, free_x = self._split(x)
+        stepped = [pg.step(xG, xH, self.christoffel) for pg, (xG, xH) in zip(self.pairs, pair_x)]
+        out: dict[str, Tensor] = {}
+        for blk, slots in zip(self.blocks, self.slots):
+            out.update(blk.merge([(stepped[s.group][0][s.start:s.stop], stepped[s.group][1][s.start:s.stop])
+                                  for s in slots]))
+        for name, t, xi in zip(self.free_names, self.theta_free, free_x):
+            out[name] = t + xi
+        return out
+
+    # ------------------------------------------------------------------ metric
+    def sqnorm(self, x: Tangent) -> Tensor:
+        """Squared norm of the whole perturbation (sum over all parts; ℓ2 only)."""
+        pair_x, free_x = self._split(x)
+        total = torch.zeros((), dtype=self.dtype, device=self.device)
+        for i, (pg, (xG, xH)) in enumerate(zip(self.pairs, pair_x)):
+            if self.norm == "riemannian":
+                total = total + pg.sqnorm(xG, xH).sum()
+            else:
+                cG, cH = self.c_pairs[i]
+                total = total + (xG / cG).square().sum() + (xH / cH).square().sum()
+        for xi, c in zip(free_x, self.c_free):
+            total = total + torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0).square().sum()
+        return total
+
+    def norm_of(self, x: Tangent) -> Tensor:
+        if self.p == "linf":
+            vals = [torch.where(c > 0, xi.abs() / torch.where(c > 0, c, 1), 0).amax()
+                    for xi, c in zip(x, self.c_free) if xi.numel()]
+            return torch.stack(vals).amax()
+        return self.sqnorm(x).sqrt()
+
+    def project(self, x: Tangent) -> Tangent:
+        """Onto the tangent space of allowed perturbations: horizontal pair parts, zero where
+        a free parameter is exactly zero (its adaptive scale vanishes)."""
+        pair_x, free_x = self._split(x)
+        out = []
+        for pg, (xG, xH) in zip(self.pairs, pair_x):
+            out += list(pg.project(xG, xH))
+        return out + [torch.where(c > 0, xi, 0) for xi, c in zip(free_x, self.c_free)]
+
+    def rgrad(self, egrad: Tangent) -> Tangent:
+        """Steepest-ascent direction for the chosen norm (not normalised), horizontal."""
+        pair_g, free_g = self._split(egrad)
+        out = []
+        for i, (pg, (gG, gH)) in enumerate(zip(self.pairs, pair_g)):
+            if self.norm == "riemannian":
+                out += list(pg.egrad_to_rgrad(gG, gH))
+            else:
+                cG, cH = self.c_pairs[i]
+                out += list(pg.project(cG.square() * gG, cH.square() * gH))
+        return out + [c.square() * g for g, c in zip(free_g, self.c_free)]
+
+    def direction(self, egrad: Tangent) -> Tangent:
+        """Unit steepest-ascent direction (ℓ2: ``grad/‖grad‖``; ℓ∞: ``sign(g) ⊙ |θ|``)."""
+        if self.p == "linf":
+            return [torch.sign(g) * c for g, c in zip(egrad, self.c_free)]
+        r = self.rgrad(egrad)
+        n = self.sqnorm(r).sqrt()
+        n = torch.where(n > 0, n, torch.ones_like(n))
+        return [t / n for t in r]
+
+    def ball(self, x: Tangent, rho: float) -> Tangent:
+        """Projection onto ``{allowed, ‖ξ‖ ≤ ρ}`` (exact for the metric norm and for ℓ∞)."""
+        if self.p == "linf":
+            return [torch.maximum(torch.minimum(xi, rho * c), -rho * c) for xi, c in zip(x, self.c_free)]
+        x = self.project(x)
+        n = self.sqnorm(x).sqrt()
+        scale = torch.where(n > rho, rho / n, torch.ones_like(n))
+        return [t * scale for t in x]
+
+    def random_direction(self, generator: torch.Generator) -> Tangent:
+        """A direction drawn uniformly from the unit sphere of the allowed subspace
+        (Gaussian in metric-whitened coordinates, projected, normalised)."""
+        def randn(t):
+            return torch.randn(t.shape, generator=generator, dtype=t.dtype, device="cpu").to(t.device)
+
+        out = []
+        for i, pg in enumerate(self.pairs):
+            zG, zH = randn(pg.G), randn(pg.H)
+            if self.norm == "riemannian":
+                out += list(pg.whiten_inverse(zG, zH))
+            else:
+                cG, cH = self.c_pairs[i]
+                out += [cG * zG, cH * zH]
+        for t, c in zip(self.theta_free, self.c_free):
+            z = randn(t)
+            out.append(c * (torch.sign(z) if self.p == "linf" else z))
+        if self.p == "linf":
+            return out  # corners of the l∞ ball
+        out = self.project(out)
+        n = self.sqnorm(out).sqrt()
+        return [t / n for t in out]

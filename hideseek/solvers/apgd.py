@@ -1,0 +1,134 @@
+"""Auto-PGD (Croce & Hein 2020) over weight perturbations, and random search.
+
+The solvers see a problem through a small interface: ``objective(x) -> (f, egrad)`` and a
+geometry with ``zeros``, ``direction``, ``ball`` and ``random_direction`` (see
+:class:`hideseek.geometry.space.ProductGeometry`).  They maximise ``f`` over the ball.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+Objective = Callable[[list[Tensor]], tuple[Tensor, list[Tensor]]]
+
+
+def apgd_checkpoints(n_iters: int) -> list[int]:
+    """Iterations at which the step size is reconsidered: ``ceil(p_j n_iters)`` with
+    ``p_0 = 0``, ``p_1 = 0.22``, ``p_{j+1} = p_j + max(p_j − p_{j−1} − 0.03, 0.06)``.
+    (For 20 iterations: 5, 9, 12, 15, 16, 18, 19 — computed in floating point exactly as
+    the reference adaptive-sharpness code does, so schedules stay comparable.)"""
+    p = [0.0, 0.22]
+    while p[-1] < 1:
+        p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
+    return sorted({math.ceil(q * n_iters) for q in p[1:] if 0 < math.ceil(q * n_iters) < n_iters})
+
+
+@dataclass
+class SolverResult:
+    """Outcome of one maximisation."""
+
+    value: float                 # best objective minus the objective at ξ = 0
+    f0: float                    # objective at ξ = 0
+    best: list[Tensor]           # maximiser found
+    history: list[float] = field(default_factory=list)   # objective at every evaluated point
+    step_sizes: list[float] = field(default_factory=list)
+    n_evals: int = 0
+    seconds: float = 0.0
+    stop_reason: str = "max_iters"
+
+
+def _axpby(a: float | Tensor, x, b: float | Tensor, y):
+    return [a * xi + b * yi for xi, yi in zip(x, y)]
+
+
+def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
+         f0: float | None = None, x0: list[Tensor] | None = None, alpha: float = 0.75,
+         rho_frac: float = 0.75) -> SolverResult:
+    """Maximise ``objective`` over ``{ξ allowed, ‖ξ‖ ≤ ρ}`` with Auto-PGD.
+
+    Initial step size ``2ρ``; momentum mixes ``alpha`` of the projected step with
+    ``1 − alpha`` of the previous move; at each checkpoint the step size is halved when
+    fewer than ``rho_frac`` of the steps since the last one raised the objective, or when
+    neither the step size nor the best value changed, and the search restarts from the best
+    point *with the gradient taken there*.  ``n_iters`` gradient evaluations after the one at
+    the start.  Returns the best value found minus the value at ξ = 0.
+    """
+    t0 = time.perf_counter()
+    x = geometry.zeros() if x0 is None else geometry.ball(x0, rho)
+    f, g = objective(x)
+    base = float(f) if x0 is None else (float(f0) if f0 is not None else None)
+    if base is None:
+        base = float(objective(geometry.zeros())[0])
+    f_val = float(f)
+    history = [f_val]
+    best_val, best_x, best_g = f_val, x, g
+    checkpoints = set(apgd_checkpoints(n_iters))
+    eta = 2.0 * rho
+    steps = [eta]
+    x_prev = x
+    increases, last_ckpt = 0, 0
+    eta_last, best_last = eta, best_val
+    for k in range(n_iters):
+        d = geometry.direction(g)
+        z = geometry.ball(_axpby(1.0, x, eta, d), rho)
+        if k == 0:
+            x_new = z
+        else:
+            x_new = geometry.ball([xi + alpha * (zi - xi) + (1 - alpha) * (xi - pi)
+                                   for xi, zi, pi in zip(x, z, x_prev)], rho)
+        f_new, g_new = objective(x_new)
+        fv = float(f_new)     # the one host sync per iteration the schedule needs
+        history.append(fv)
+        if fv > f_val:
+            increases += 1
+        x_prev, x, f_val, g = x, x_new, fv, g_new
+        if fv > best_val:
+            best_val, best_x, best_g = fv, x_new, g_new
+        if (k + 1) in checkpoints:
+            n_steps = k + 1 - last_ckpt
+            stalled = increases < rho_frac * n_steps
+            unchanged = eta == eta_last and best_val == best_last
+            if stalled or unchanged:
+                eta /= 2.0
+                x, x_prev, f_val, g = best_x, best_x, best_val, best_g
+            increases, last_ckpt = 0, k + 1
+            eta_last, best_last = eta, best_val
+        steps.append(eta)
+    return SolverResult(best_val - base, base, [t.detach() for t in best_x], history, steps,
+                        n_iters + 1, time.perf_counter() - t0)
+
+
+def random_search(value: Callable[[list[Tensor]], Tensor], geometry, rho: float, n_samples: int,
+                  generator: torch.Generator, *, sphere: bool = True) -> SolverResult:
+    """Best of ``n_samples`` random perturbations on the sphere of radius ρ (or in the ball
+    when ``sphere=False``), drawn uniformly in metric-whitened coordinates."""
+    t0 = time.perf_counter()
+    base = float(value(geometry.zeros()))
+    best, best_x, hist = -math.inf, None, []
+    for _ in range(n_samples):
+        d = geometry.random_direction(generator)
+        r = rho if sphere else rho * float(torch.rand((), generator=generator))
+        x = [r * t for t in d]
+        v = float(value(x))
+        hist.append(v)
+        if v > best:
+            best, best_x = v, x
+    return SolverResult(best - base, base, best_x, hist, [], n_samples + 1, time.perf_counter() - t0)
+
+
+def average_case(value: Callable[[list[Tensor]], Tensor], geometry, rho: float, n_samples: int,
+                 generator: torch.Generator) -> SolverResult:
+    """Mean of ``L(γ_ξ(1)) − L(θ)`` over ξ uniform on the sphere of radius ρ."""
+    t0 = time.perf_counter()
+    base = float(value(geometry.zeros()))
+    hist = []
+    for _ in range(n_samples):
+        x = [rho * t for t in geometry.random_direction(generator)]
+        hist.append(float(value(x)))
+    mean = sum(hist) / len(hist)
+    return SolverResult(mean - base, base, [], hist, [], n_samples + 1, time.perf_counter() - t0)
