@@ -1,0 +1,93 @@
+"""Slow, obviously-correct references for tests and notebooks (float64, small sizes).
+
+Nothing here is used by the fast path.  The metric tensor is written from the definitions
+of MATH.md §2 in coordinates ``θ = (vec G, vec H)``; Christoffel symbols come from its
+derivatives (autograd, checked against finite differences), and geodesics from integrating
+``θ̈ = −Γ(θ̇, θ̇)`` with RK4.  None of it uses the closed forms of
+:mod:`hideseek.geometry.gl`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+
+def pair_metric_tensor(theta: Tensor, n: int, m: int, h: int, metric: str, eps: float = 0.0) -> Tensor:
+    """Dense metric tensor ``g_ij(θ)`` of one GL(h) pair, ``θ = (vec G, vec H)`` (row-major)."""
+    G = theta[: n * h].reshape(n, h)
+    H = theta[n * h:].reshape(m, h)
+    I = torch.eye(h, dtype=theta.dtype)
+    SG, SH = G.T @ G, H.T @ H
+    if metric == "invariant":
+        MG, MH = torch.linalg.inv(SG + eps * I), torch.linalg.inv(SH + eps * I)
+    elif metric == "mixed":
+        MG, MH = SH, SG
+    else:
+        raise ValueError(metric)
+    # tr(M ξᵀ η) = Σ_{a,b,c} ξ_{a b} M_{b c} η_{a c}  →  block  I_rows ⊗ M  on vec (row-major)
+    gG = torch.kron(torch.eye(n, dtype=theta.dtype), MG.contiguous())
+    gH = torch.kron(torch.eye(m, dtype=theta.dtype), MH.contiguous())
+    return torch.block_diag(gG, gH)
+
+
+def christoffel_symbols(metric_fn: Callable[[Tensor], Tensor], theta: Tensor,
+                        fd_step: float | None = None) -> Tensor:
+    """``Γ^k_ij = ½ g^{kl} (∂_i g_lj + ∂_j g_li − ∂_l g_ij)`` at ``θ``; shape (k, i, j).
+
+    Derivatives of the metric tensor by autograd, or by central finite differences with
+    step ``fd_step`` when given.
+    """
+    D = theta.numel()
+    if fd_step is None:
+        dg = torch.autograd.functional.jacobian(metric_fn, theta)        # (l, j, i) = ∂_i g_lj
+    else:
+        cols = []
+        for i in range(D):
+            e = torch.zeros_like(theta)
+            e[i] = fd_step
+            cols.append((metric_fn(theta + e) - metric_fn(theta - e)) / (2 * fd_step))
+        dg = torch.stack(cols, dim=-1)
+    ginv = torch.linalg.inv(metric_fn(theta))
+    # T_lij = ∂_i g_lj + ∂_j g_li − ∂_l g_ij
+    T = dg.permute(0, 2, 1) + dg - dg.permute(2, 0, 1)
+    return 0.5 * torch.einsum("kl,lij->kij", ginv, T)
+
+
+def geodesic_rk4(metric_fn: Callable[[Tensor], Tensor], theta: Tensor, velocity: Tensor,
+                 t: float = 1.0, steps: int = 200) -> tuple[Tensor, Tensor]:
+    """Integrate ``θ̈ = −Γ(θ̇, θ̇)`` from ``(θ, v)`` to time ``t`` with RK4.
+
+    Returns the trajectory of positions and velocities, shapes ``(steps+1, D)``.
+    """
+    def f(state):
+        x, v = state
+        gam = christoffel_symbols(metric_fn, x)
+        return v, -torch.einsum("kij,i,j->k", gam, v, v)
+
+    dt = t / steps
+    x, v = theta.clone(), velocity.clone()
+    xs, vs = [x], [v]
+    for _ in range(steps):
+        k1 = f((x, v))
+        k2 = f((x + 0.5 * dt * k1[0], v + 0.5 * dt * k1[1]))
+        k3 = f((x + 0.5 * dt * k2[0], v + 0.5 * dt * k2[1]))
+        k4 = f((x + dt * k3[0], v + dt * k3[1]))
+        x = x + dt / 6 * (k1[0] + 2 * k2[0] + 2 * k3[0] + k4[0])
+        v = v + dt / 6 * (k1[1] + 2 * k2[1] + 2 * k3[1] + k4[1])
+        xs.append(x)
+        vs.append(v)
+    return torch.stack(xs), torch.stack(vs)
+
+
+def taylor_remainder_slope(f: Callable[[Tensor], Tensor], x: Tensor, direction: Tensor,
+                           directional_derivative: float, ts: Tensor | None = None) -> float:
+    """Slope of ``log |f(x + t d) − f(x) − t Df[d]|`` against ``log t``: 2 when the
+    claimed directional derivative is right, 1 when it is wrong (pymanopt-style check)."""
+    ts = torch.logspace(-4, -1, 8, dtype=torch.float64) if ts is None else ts
+    f0 = f(x)
+    rem = torch.stack([(f(x + t * direction) - f0 - t * directional_derivative).abs() for t in ts])
+    A = torch.stack([ts.log(), torch.ones_like(ts)], 1)
+    sol = torch.linalg.lstsq(A, rem.log().unsqueeze(1)).solution
+    return float(sol[0, 0])
