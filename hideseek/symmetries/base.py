@@ -89,15 +89,16 @@ class LinearRef:
 
     weight: str
     bias: str | None
-    rows: tuple[int, int] | None = None   # slice of a packed projection
+    rows: tuple[int, int] | None = None        # rows of a packed weight
+    bias_rows: tuple[int, int] | None = None   # rows of a packed bias
 
     def get(self, params: Mapping[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         w = params[self.weight]
         b = params[self.bias] if self.bias is not None else None
         if self.rows is not None:
-            lo, hi = self.rows
-            w = w[lo:hi]
-            b = b[lo:hi] if b is not None else None
+            w = w[self.rows[0]:self.rows[1]]
+        if b is not None and self.bias_rows is not None:
+            b = b[self.bias_rows[0]:self.bias_rows[1]]
         return w, b
 
 
@@ -162,10 +163,9 @@ class AttentionBlock(SymmetryBlock):
         pieces: dict[str, list[tuple[int, Tensor]]] = {}
         for ref, G in ((self.q, Gq), (self.k, Gk), (self.v, Gv)):
             w, b = linear_from_heads(G, ref.bias is not None)
-            start = ref.rows[0] if ref.rows else 0
-            pieces.setdefault(ref.weight, []).append((start, w))
+            pieces.setdefault(ref.weight, []).append((ref.rows[0] if ref.rows else 0, w))
             if ref.bias is not None:
-                pieces.setdefault(ref.bias, []).append((start, b))
+                pieces.setdefault(ref.bias, []).append((ref.bias_rows[0] if ref.bias_rows else 0, b))
         pieces.setdefault(self.o_weight, []).append((0, out_proj_from_heads(Ho)))
         return _assemble(pieces)
 

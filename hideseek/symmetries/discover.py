@@ -78,9 +78,9 @@ def _mha_block(name: str, mod: nn.MultiheadAttention) -> AttentionBlock:
     bias = _p(name, "in_proj_bias") if has_b else None
     if mod._qkv_same_embed_dim:
         w = _p(name, "in_proj_weight")
-        q, k, v = (LinearRef(w, bias, (i * E, (i + 1) * E)) for i in range(3))
+        q, k, v = (LinearRef(w, bias, (i * E, (i + 1) * E), (i * E, (i + 1) * E)) for i in range(3))
     else:
-        q, k, v = (LinearRef(_p(name, f"{c}_proj_weight"), bias, (i * E, (i + 1) * E))
+        q, k, v = (LinearRef(_p(name, f"{c}_proj_weight"), bias, None, (i * E, (i + 1) * E))
                    for i, c in enumerate("qkv"))
     return AttentionBlock(name, mod.num_heads, q, k, v, _p(name, "out_proj.weight"))
 
@@ -98,7 +98,7 @@ def _openclip_block(name: str, mod: nn.Module) -> AttentionBlock:
     E = mod.in_proj_weight.shape[1]
     bias = _p(name, "in_proj_bias") if mod.in_proj_bias is not None else None
     w = _p(name, "in_proj_weight")
-    q, k, v = (LinearRef(w, bias, (i * E, (i + 1) * E)) for i in range(3))
+    q, k, v = (LinearRef(w, bias, (i * E, (i + 1) * E), (i * E, (i + 1) * E)) for i in range(3))
     return AttentionBlock(name, mod.num_heads, q, k, v, _p(name, "out_proj.weight"))
 
 
