@@ -258,7 +258,7 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         if float(again) != float(loss0.detach()):
             raise SharpnessInputError(
                 "the loss differs between two identical forward passes "
-                f"({float(loss0)!r} vs {float(again)!r}): the model is not deterministic (dropout or "
+                f"({float(loss0.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
                 "another random layer still active?). Sharpness needs a deterministic loss.")
 
     blocks: list[SymmetryBlock] = []
