@@ -113,19 +113,22 @@ def measure_zoo(
 
     Returns
     -------
-    DataFrame with columns ``model, measure, rho, value, per_batch, seconds``, one row
-    per (model, measure, rho) in the order models x measures x rho; ``per_batch`` holds
-    the list of per-batch values whose mean is ``value``.
+    DataFrame with columns ``model, measure, rho, value, per_batch, base_loss, seconds``,
+    one row per (model, measure, rho) in the order models x measures x rho; ``per_batch``
+    holds the list of per-batch values whose mean is ``value``, ``base_loss`` the
+    unperturbed loss of each batch (when the result object reports it).
     """
+    common = dict(common or {})
     if sharpness_fn is None:
         from hideseek import sharpness as sharpness_fn  # noqa: PLC0415 (core imported lazily)
+
+        common.setdefault("progress", False)  # one bar for the whole zoo, not one per call
     items = _model_items(models)
     batches = list(batches)
     if not batches:
         raise ValueError("batches is empty")
     if not measures:
         raise ValueError("measures is empty")
-    common = dict(common or {})
     for name, kw in measures.items():
         clash = [k for k in _RESERVED if k in kw]
         if clash:
@@ -161,6 +164,7 @@ def measure_zoo(
                             rho=rho,
                             value=float(res.value),
                             per_batch=[float(v) for v in res.per_batch],
+                            base_loss=[float(v) for v in getattr(res, "base_losses", [])],
                             seconds=seconds,
                         )
                     )
@@ -168,7 +172,7 @@ def measure_zoo(
             del model
     finally:
         bar.close()
-    return pd.DataFrame(rows, columns=["model", "measure", "rho", "value", "per_batch", "seconds"])
+    return pd.DataFrame(rows, columns=["model", "measure", "rho", "value", "per_batch", "base_loss", "seconds"])
 
 
 # --------------------------------------------------------------------------- tau tables

@@ -1,0 +1,475 @@
+"""Vision zoo (Figure 4, Table 1 row "ImageNet" analogue): small open_clip ViTs on 8x8 digits.
+
+The paper measures 72 CLIP ViT-B/32 fine-tunes on ImageNet that differ only in their
+fine-tuning hyperparameters (Wortsman et al., 2022). The ``cpu`` analogue here:
+
+* **Data.** scikit-learn's 8x8 digits (1797 images, shipped inside the package, no
+  download), split once by a fixed seed into a training pool and a test set. Pixels are
+  scaled to [0, 1] and standardised with the pool's mean and standard deviation.
+* **Model.** :class:`DigitsViT`, open_clip's own :class:`open_clip.transformer.VisionTransformer`
+  (class token, learnable position embedding, ``ln_pre``, residual attention blocks with
+  packed ``nn.MultiheadAttention``, ``ln_post``, projection ``proj``) with a one-channel
+  patch embedding, followed, as in CLIP classifiers, by L2-normalised features, a fixed
+  logit scale and a linear head.
+* **Shared initialisation.** One random initialisation, pre-trained once, briefly, with
+  fixed hyperparameters on a fixed part of the pool; every zoo member is fine-tuned from
+  that same checkpoint (the analogue of all model-soup members starting from the same
+  CLIP weights), so the zoo is a population of fine-tunes, not of independent trainings.
+* **Fine-tuning.** Each member draws learning rate, weight decay, epochs, batch size,
+  label smoothing, augmentation (random pixel shifts, Gaussian input noise), training
+  subset size and label noise; AdamW with a cosine schedule.
+* **Sharpness set.** A fixed set of pool images (the first ``n_sharpness`` of the fixed
+  permutation). It is part of every member's training subset and never receives label
+  noise, so it is "training data with their labels" for every member alike.
+* **Gap.** test error - train error, where the train error is measured on the member's
+  own training images whose labels were not corrupted (for members without label noise:
+  its whole training subset). With label noise, the error against the labels it was
+  trained on would make a member that *resists* the noise look like it has a negative
+  gap; on the uncorrupted images, memorising the noise shows up as what it is, a larger
+  test error at an unchanged training error. Also recorded: the error on all training
+  labels as trained (``train_error_fit``), on all true labels (``train_error_clean``)
+  and on the sharpness set.
+
+``python -m hideseek.experiments.vision_zoo train --out data/zoos/vision`` trains a zoo
+from the ``vision_train`` section of ``params.yaml`` and writes ``init.pt`` (the shared
+checkpoint), ``model_XXX.pt`` (one state dict per member) and ``zoo.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from open_clip.transformer import VisionTransformer
+from torch import nn
+from tqdm.auto import tqdm
+
+STAGE = "vision_train"
+IMAGE_SIZE = 8
+N_CLASSES = 10
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class DigitsData:
+    """Fixed split of the digits: pool (training candidates) and test set, standardised."""
+
+    x_pool: torch.Tensor  # (N_pool, 1, 8, 8) float32
+    y_pool: torch.Tensor  # (N_pool,) int64
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    mean: float
+    std: float
+
+    @property
+    def background(self) -> float:
+        """Standardised value of a blank (zero) pixel, used to pad shifted images."""
+        return (0.0 - self.mean) / self.std
+
+
+def load_digits_split(split_seed: int = 0, n_test: int = 497) -> DigitsData:
+    """The 1797 digits, permuted by ``split_seed``; the last ``n_test`` are the test set."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    n = len(d.target)
+    if not 0 < n_test < n:
+        raise ValueError(f"n_test must be in (0, {n}), got {n_test}")
+    perm = np.random.default_rng(split_seed).permutation(n)
+    images = d.images[perm].astype(np.float64) / 16.0
+    labels = d.target[perm].astype(np.int64)
+    pool, test = slice(0, n - n_test), slice(n - n_test, n)
+    mean, std = float(images[pool].mean()), float(images[pool].std())
+    x = torch.tensor((images - mean) / std, dtype=torch.float32).unsqueeze(1)
+    y = torch.tensor(labels)
+    return DigitsData(x[pool], y[pool], x[test], y[test], mean, std)
+
+
+def sharpness_batches(data: DigitsData, n_images: int, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The fixed sharpness set (first ``n_images`` of the pool, true labels) in batches."""
+    if n_images > len(data.y_pool):
+        raise ValueError(f"n_images={n_images} exceeds the pool of {len(data.y_pool)} images")
+    if n_images % batch_size:
+        raise ValueError(f"n_images={n_images} is not a multiple of batch_size={batch_size}")
+    return [
+        (data.x_pool[i : i + batch_size].clone(), data.y_pool[i : i + batch_size].clone())
+        for i in range(0, n_images, batch_size)
+    ]
+
+
+# --------------------------------------------------------------------------- model
+
+
+class DigitsViT(nn.Module):
+    """open_clip ``VisionTransformer`` for 1x8x8 images + CLIP-style classifier head.
+
+    ``logits = logit_scale * head(normalize(visual(x)))``; ``logit_scale`` is a fixed
+    buffer (not a parameter), so all parameters sit in the transformer or the head.
+    """
+
+    def __init__(self, width: int = 32, layers: int = 2, heads: int = 4, patch_size: int = 2,
+                 mlp_ratio: float = 2.0, embed_dim: int = 32, logit_scale: float = 10.0):
+        super().__init__()
+        if IMAGE_SIZE % patch_size:
+            raise ValueError(f"patch_size {patch_size} does not divide {IMAGE_SIZE}")
+        if width % heads:
+            raise ValueError(f"width {width} is not divisible by heads {heads}")
+        self.config = dict(width=width, layers=layers, heads=heads, patch_size=patch_size,
+                           mlp_ratio=mlp_ratio, embed_dim=embed_dim, logit_scale=logit_scale)
+        self.visual = VisionTransformer(
+            image_size=IMAGE_SIZE, patch_size=patch_size, width=width, layers=layers, heads=heads,
+            mlp_ratio=mlp_ratio, output_dim=embed_dim,
+        )
+        # digits are greyscale: a one-channel patch embedding (open_clip's is RGB)
+        self.visual.conv1 = nn.Conv2d(1, width, kernel_size=patch_size, stride=patch_size, bias=False)
+        self.head = nn.Linear(embed_dim, N_CLASSES)
+        self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = F.normalize(self.visual(x), dim=-1)
+        return self.logit_scale * self.head(features)
+
+
+def build_model(config: Mapping[str, Any], seed: int) -> DigitsViT:
+    """A :class:`DigitsViT` with its random initialisation drawn from ``seed``."""
+    torch.manual_seed(seed)
+    return DigitsViT(**config)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def augment(x: torch.Tensor, shift: int, noise_std: float, background: float, gen: torch.Generator) -> torch.Tensor:
+    """Random integer shifts of up to ``shift`` pixels per axis (blank-padded) and Gaussian noise."""
+    if shift > 0:
+        b = x.shape[0]
+        padded = F.pad(x, (shift, shift, shift, shift), value=background)
+        dy = torch.randint(0, 2 * shift + 1, (b,), generator=gen)
+        dx = torch.randint(0, 2 * shift + 1, (b,), generator=gen)
+        ar = torch.arange(IMAGE_SIZE)
+        rows = (dy[:, None] + ar)[:, :, None]
+        cols = (dx[:, None] + ar)[:, None, :]
+        x = padded[torch.arange(b)[:, None, None], 0, rows, cols].unsqueeze(1)
+    if noise_std > 0:
+        x = x + noise_std * torch.randn(x.shape, generator=gen)
+    return x
+
+
+@torch.no_grad()
+def error_rate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> float:
+    model.eval()
+    wrong = 0
+    for i in range(0, len(y), batch_size):
+        wrong += (model(x[i : i + batch_size]).argmax(-1) != y[i : i + batch_size]).sum().item()
+    return wrong / len(y)
+
+
+def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, weight_decay: float, epochs: int,
+        batch_size: int, label_smoothing: float = 0.0, shift: int = 0, noise_std: float = 0.0,
+        background: float = 0.0, seed: int = 0) -> nn.Module:
+    """AdamW with a cosine learning-rate decay over all steps; deterministic given ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    n = len(y)
+    steps_per_epoch = math.ceil(n / batch_size)
+    total = max(1, epochs * steps_per_epoch)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, batch_size):
+            idx = perm[i : i + batch_size]
+            xb = augment(x[idx], shift, noise_std, background, gen)
+            loss = F.cross_entropy(model(xb), y[idx], label_smoothing=label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    model.eval()
+    return model
+
+
+def _loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def sample_hparams(rng: np.random.Generator, ranges: Mapping[str, Any], n_pool: int, n_sharpness: int) -> dict:
+    """One member's fine-tuning hyperparameters drawn from ``ranges`` (see ``params.yaml``)."""
+    sub_lo, sub_hi = ranges["subset_size"]
+    sub_lo, sub_hi = max(int(sub_lo), n_sharpness), min(int(sub_hi), n_pool)
+    if sub_lo > sub_hi:
+        raise ValueError(f"subset_size range empty after clipping to [{n_sharpness}, {n_pool}]")
+    noise_p = float(ranges.get("p_input_noise", 0.5))
+    label_noise_p = float(ranges.get("p_label_noise", 0.5))
+    hp = dict(
+        lr=_loguniform(rng, *ranges["lr"]),
+        weight_decay=_loguniform(rng, *ranges["weight_decay"]),
+        epochs=int(rng.integers(ranges["epochs"][0], ranges["epochs"][1] + 1)),
+        batch_size=int(rng.choice(ranges["batch_size"])),
+        label_smoothing=float(rng.uniform(*ranges["label_smoothing"])),
+        shift=int(rng.choice(ranges["shift"])),
+        noise_std=float(rng.uniform(*ranges["noise_std"])) if rng.uniform() < noise_p else 0.0,
+        subset_size=int(rng.integers(sub_lo, sub_hi + 1)),
+        label_noise=float(rng.uniform(*ranges["label_noise"])) if rng.uniform() < label_noise_p else 0.0,
+    )
+    return hp
+
+
+def member_data(data: DigitsData, hp: Mapping[str, Any], n_sharpness: int, seed: int):
+    """Training subset of one member: the sharpness set plus a random draw from the rest of
+    the pool; a fraction ``label_noise`` of the non-sharpness images get a random wrong label.
+
+    Returns ``(x, y, y_clean, corrupted, idx)``: images, training labels, true labels, a
+    boolean mask of the corrupted images and their indices into the pool.
+    """
+    rng = np.random.default_rng(seed)
+    n_pool = len(data.y_pool)
+    rest = rng.permutation(np.arange(n_sharpness, n_pool))[: hp["subset_size"] - n_sharpness]
+    idx = np.concatenate([np.arange(n_sharpness), np.sort(rest)])
+    x, y_clean = data.x_pool[idx], data.y_pool[idx]
+    y = y_clean.clone()
+    corrupted = torch.zeros(len(idx), dtype=torch.bool)
+    n_noisy = int(round(hp["label_noise"] * len(rest)))
+    if n_noisy:
+        noisy = torch.tensor(n_sharpness + rng.choice(len(rest), size=n_noisy, replace=False))
+        offset = torch.tensor(rng.integers(1, N_CLASSES, size=n_noisy))
+        y[noisy] = (y_clean[noisy] + offset) % N_CLASSES
+        corrupted[noisy] = True
+    return x, y, y_clean, corrupted, idx
+
+
+def train_member(init_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], data: DigitsData,
+                 hp: Mapping[str, Any], n_sharpness: int, seed: int) -> tuple[DigitsViT, dict]:
+    """Fine-tune one member from the shared checkpoint; returns the model and its record."""
+    model = DigitsViT(**config)
+    model.load_state_dict(init_state)
+    x, y, y_clean, corrupted, idx = member_data(data, hp, n_sharpness, seed)
+    t0 = time.perf_counter()
+    fit(model, x, y, lr=hp["lr"], weight_decay=hp["weight_decay"], epochs=hp["epochs"],
+        batch_size=hp["batch_size"], label_smoothing=hp["label_smoothing"], shift=hp["shift"],
+        noise_std=hp["noise_std"], background=data.background, seed=seed)
+    seconds = time.perf_counter() - t0
+    clean = ~corrupted
+    train_error = error_rate(model, x[clean], y[clean])
+    test_error = error_rate(model, data.x_test, data.y_test)
+    record = dict(
+        hparams=dict(hp), seed=seed, n_train=len(idx), n_corrupted=int(corrupted.sum()),
+        train_error=train_error,
+        train_error_fit=error_rate(model, x, y),
+        train_error_clean=error_rate(model, x, y_clean),
+        sharpness_set_error=error_rate(model, data.x_pool[:n_sharpness], data.y_pool[:n_sharpness]),
+        test_error=test_error,
+        gap=test_error - train_error,
+        train_seconds=seconds,
+    )
+    return model, record
+
+
+def pretrain(config: Mapping[str, Any], data: DigitsData, pre: Mapping[str, Any], seed: int) -> tuple[DigitsViT, dict]:
+    """The shared checkpoint: a seeded random init, trained briefly on a fixed pool subset."""
+    model = build_model(config, seed)
+    n = int(pre.get("n_images", 0))
+    record = dict(n_images=n, epochs=int(pre.get("epochs", 0)))
+    if n > 0 and pre.get("epochs", 0) > 0:
+        idx = np.sort(np.random.default_rng(seed).permutation(len(data.y_pool))[:n])
+        fit(model, data.x_pool[idx], data.y_pool[idx], lr=float(pre["lr"]), weight_decay=float(pre["weight_decay"]),
+            epochs=int(pre["epochs"]), batch_size=int(pre["batch_size"]), seed=seed)
+        record["indices"] = idx.tolist()
+    record["test_error"] = error_rate(model, data.x_test, data.y_test)
+    record["pool_error"] = error_rate(model, data.x_pool, data.y_pool)
+    return model, record
+
+
+# --------------------------------------------------------------------------- zoo
+
+
+def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = True) -> dict:
+    """Train the whole zoo described by ``params`` (a resolved ``vision_train`` section) into ``out``."""
+    from hideseek.utils import set_threads
+
+    set_threads(params.get("threads"))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed = int(params["seed"])
+    config = dict(params["model"])
+    n_sharp = int(params["n_sharpness"])
+    data = load_digits_split(int(params.get("split_seed", 0)), int(params["n_test"]))
+    if n_sharp > len(data.y_pool):
+        raise ValueError(f"n_sharpness={n_sharp} exceeds the pool of {len(data.y_pool)} images")
+    t0 = time.perf_counter()
+    init_model, pre_record = pretrain(config, data, params.get("pretrain", {}), seed)
+    pre_record["seconds"] = time.perf_counter() - t0
+    init_state = {k: v.clone() for k, v in init_model.state_dict().items()}
+    torch.save(init_state, out / "init.pt")
+
+    rng = np.random.default_rng(seed)
+    n_models = int(params["n_models"])
+    members = []
+    bar = tqdm(range(n_models), desc="vision zoo", unit="model", disable=not progress)
+    for i in bar:
+        hp = sample_hparams(rng, params["ranges"], len(data.y_pool), n_sharp)
+        model, record = train_member(init_state, config, data, hp, n_sharp, seed=seed * 100_003 + i + 1)
+        name = f"model_{i:03d}"
+        torch.save(model.state_dict(), out / f"{name}.pt")
+        members.append(dict(name=name, file=f"{name}.pt", **record))
+        bar.set_postfix(gap=f"{record['gap']:.3f}", test=f"{record['test_error']:.3f}")
+    meta = dict(
+        kind="vision", model=config, n_sharpness=n_sharp, split_seed=int(params.get("split_seed", 0)),
+        n_test=int(params["n_test"]), n_pool=len(data.y_pool), seed=seed, params=json.loads(json.dumps(params)),
+        pretrain=pre_record, init="init.pt", members=members,
+        seconds=time.perf_counter() - t0,
+    )
+    with open(out / "zoo.json", "w") as fh:
+        json.dump(meta, fh, indent=1)
+    return meta
+
+
+def load_zoo(path: str | Path) -> tuple[dict, list[tuple[str, Any]]]:
+    """``(meta, [(name, loader), ...])`` for a zoo folder; each loader returns an eval-mode model."""
+    path = Path(path)
+    meta_file = path / "zoo.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{meta_file} not found; train the zoo first "
+                                f"(python -m hideseek.experiments.vision_zoo train --out {path})")
+    with open(meta_file) as fh:
+        meta = json.load(fh)
+
+    def loader(file: Path):
+        def load() -> DigitsViT:
+            model = DigitsViT(**meta["model"])
+            model.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+            return model.eval()
+        return load
+
+    return meta, [(m["name"], loader(path / m["file"])) for m in meta["members"]]
+
+
+def zoo_data(meta: Mapping[str, Any]) -> DigitsData:
+    """The data split a zoo was trained on."""
+    return load_digits_split(int(meta["split_seed"]), int(meta["n_test"]))
+
+
+def members_frame(meta: Mapping[str, Any]):
+    """One row per member: name, errors, gap and the hyperparameters as columns."""
+    import pandas as pd
+
+    rows = []
+    for m in meta["members"]:
+        row = {k: v for k, v in m.items() if k != "hparams"}
+        row.update(m["hparams"])
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("name")
+
+
+# --------------------------------------------------------------------------- sharpness
+
+#: Kendall tau of Figure 4 / Table 1 row "ImageNet" (72 CLIP ViT-B/32 fine-tunes).
+PAPER_TAU = {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}
+
+#: The paper's protocol for the ImageNet zoo (Section 6.2.1), for the notebook's comparison.
+PAPER_PROTOCOL = dict(n_models=72, model="CLIP ViT-B/32 (~88M parameters), 12 layers, width 768, 12 heads",
+                      data="ImageNet-1k", n_images=2048, batch_size=256, n_iters=20, rho_grid="not given")
+
+
+@dataclass
+class VisionResults:
+    """Everything Figure 4 and Table 1 need from one vision zoo."""
+
+    members: Any  # DataFrame, one row per model: errors, gap, hyperparameters
+    frame: Any  # measure_zoo frame: model, measure, rho, value, per_batch, base_loss, seconds
+    curves: Any  # tau vs rho over all models (and per half)
+    table: Any  # split-half taus, one row per measure
+    halves: dict  # model names of the selection and evaluation halves
+    protocol: dict  # what was measured, how
+    meta: dict  # zoo.json
+
+
+def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> VisionResults:
+    """Sharpness of every member of the zoo in ``params["zoo_dir"]`` and its tau tables.
+
+    ``params`` (the ``vision`` section of ``params.yaml``): ``zoo_dir``, ``n_images`` and
+    ``batch_size`` (the sharpness set), ``n_iters`` (Auto-PGD), ``rho_grid`` (a grid per
+    measure), ``measures`` (optional subset of the standard three), ``seed`` (solver),
+    ``split_seed`` (the halves), ``n_boot``, ``criterion`` and optionally ``threads``.
+    """
+    import pandas as pd
+
+    from hideseek.experiments.zoo import STANDARD_MEASURES, measure_zoo, split_half_taus, tau_vs_rho
+    from hideseek.utils import set_threads
+
+    set_threads(params.get("threads"))
+    meta, models = load_zoo(params["zoo_dir"])
+    n_images, batch_size = int(params["n_images"]), int(params["batch_size"])
+    if n_images > meta["n_sharpness"]:
+        raise ValueError(f"n_images={n_images} exceeds the zoo's sharpness set of {meta['n_sharpness']} images "
+                         "(the images that are in every member's training subset); retrain with a larger n_sharpness")
+    batches = sharpness_batches(zoo_data(meta), n_images, batch_size)
+    names = params.get("measures") or list(STANDARD_MEASURES)
+    unknown = [n for n in names if n not in STANDARD_MEASURES]
+    if unknown:
+        raise ValueError(f"unknown measures {unknown}; known: {list(STANDARD_MEASURES)}")
+    measures = {n: STANDARD_MEASURES[n] for n in names}
+    grid = params["rho_grid"]
+    grid = {n: grid[n] for n in names} if isinstance(grid, Mapping) else grid
+    t0 = time.perf_counter()
+    frame = measure_zoo(models, batches, measures, grid, seed=int(params["seed"]),
+                        n_iters=int(params["n_iters"]), progress=progress)
+    seconds = time.perf_counter() - t0
+    members = members_frame(meta)
+    gaps = members["gap"]
+    n_boot, split_seed = int(params.get("n_boot", 2000)), int(params.get("split_seed", 0))
+    table, halves = split_half_taus(frame, gaps, seed=split_seed, n_boot=n_boot,
+                                    criterion=params.get("criterion", "abs"), paper=PAPER_TAU)
+    curves = pd.concat([
+        tau_vs_rho(frame, gaps, n_boot=n_boot, seed=split_seed).assign(models="all"),
+        tau_vs_rho(frame, gaps, n_boot=0, seed=split_seed, models=halves["select"]).assign(models="select"),
+        tau_vs_rho(frame, gaps, n_boot=0, seed=split_seed, models=halves["eval"]).assign(models="eval"),
+    ], ignore_index=True)
+    timing = frame.groupby("measure", sort=False)["seconds"].agg(["mean", "sum"]).to_dict(orient="index")
+    protocol = dict(n_models=len(members), n_images=n_images, batch_size=batch_size, n_batches=len(batches),
+                    n_iters=int(params["n_iters"]), rho_grid=grid, seed=int(params["seed"]), split_seed=split_seed,
+                    n_boot=n_boot, n_parameters=sum(p.numel() for p in DigitsViT(**meta["model"]).parameters()),
+                    model=meta["model"], seconds=seconds, seconds_per_measure=timing)
+    return VisionResults(members, frame, curves, table, halves, protocol, meta)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hideseek.experiments.vision_zoo", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    tr = sub.add_parser("train", help="train the zoo described by params.yaml's vision_train section")
+    tr.add_argument("--out", default="data/zoos/vision", help="output folder (default: data/zoos/vision)")
+    tr.add_argument("--params", default="params.yaml", help="parameter file (default: params.yaml)")
+    tr.add_argument("--profile", default=None, help="profile (default: params.yaml's top-level profile)")
+    tr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a parameter (YAML value, dotted keys), e.g. --set n_models=3")
+    tr.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    from hideseek.pipeline import apply_overrides, load_params, parse_overrides, resolve_stage_params
+
+    profile, params = resolve_stage_params(load_params(args.params), STAGE, args.profile)
+    if not params:
+        parser.error(f"{args.params} has no {STAGE}.{profile} section")
+    params = apply_overrides(params, parse_overrides(args.overrides))
+    meta = train_zoo(args.out, params, progress=not args.no_progress)
+    gaps = [m["gap"] for m in meta["members"]]
+    print(f"trained {len(gaps)} models ({profile} profile) into {args.out} in {meta['seconds']:.0f} s; "
+          f"gap range [{min(gaps):.3f}, {max(gaps):.3f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

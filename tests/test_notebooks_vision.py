@@ -1,0 +1,51 @@
+"""notebooks/vision.ipynb executed by the pipeline (papermill) on a tiny zoo trained here."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from hideseek.experiments import vision_zoo as vz
+from hideseek.pipeline import run_stage
+
+TRAIN = dict(
+    seed=0, split_seed=0, n_test=497, n_sharpness=16, n_models=6, threads=1,
+    model=dict(width=8, layers=1, heads=2, patch_size=4, mlp_ratio=2.0, embed_dim=8, logit_scale=5.0),
+    pretrain=dict(n_images=32, epochs=1, lr=3e-3, weight_decay=0.01, batch_size=16),
+    ranges=dict(lr=[1e-3, 1e-2], weight_decay=[1e-3, 0.1], epochs=[1, 3], batch_size=[16], label_smoothing=[0.0, 0.1],
+                shift=[0, 1], noise_std=[0.0, 0.2], subset_size=[16, 96], label_noise=[0.1, 0.3]),
+)
+
+
+@pytest.mark.slow
+def test_vision_notebook_runs_and_publishes(tmp_path):
+    zoo = tmp_path / "zoo"
+    vz.train_zoo(zoo, TRAIN, progress=False)
+    params = dict(zoo_dir=str(zoo), n_images=16, batch_size=8, n_iters=1, threads=1,
+                  rho_grid=dict(adaptive=[0.1, 0.3], geodesic_invariant=[0.05, 0.1], geodesic_mixed=[0.05]),
+                  seed=0, split_seed=0, n_boot=50)
+    reports = tmp_path / "reports"
+    res = run_stage("vision", params=params, reports_dir=reports, progress_bar=False)
+    figs = {p.name for p in res.figures}
+    assert {"fig4_vision.png", "fig4_vision.pdf", "vision_tau_vs_rho.png", "vision_zoo.png"} <= figs
+    metrics = json.loads(res.metrics.read_text())
+    assert metrics["profile"] == "cpu" and metrics["table1_row"] == "ImageNet"
+    assert set(metrics["tau"]) == {"adaptive", "geodesic_invariant", "geodesic_mixed"}
+    assert metrics["paper_tau"] == {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}
+    assert metrics["zoo"]["n_models"] == 6
+
+    # recompute the reported taus from the published data, independently, with scipy
+    data = reports / "data" / "vision"
+    sharp = pd.read_csv(data / "sharpness.csv")
+    members = pd.read_csv(data / "members.csv", index_col="name")
+    assert len(sharp) == 6 * 5
+    for measure, t in metrics["tau"].items():
+        assert t["rho"] in params["rho_grid"][measure]
+        v = sharp[(sharp.measure == measure) & (sharp.rho == t["rho"])].set_index("model")["value"]
+        all_tau = stats.kendalltau(v.loc[members.index], members["gap"]).statistic
+        assert t["tau_all"] == pytest.approx(all_tau, nan_ok=True) and t["n_all"] == 6 and t["n_eval"] == 3
+        per_batch = sharp[sharp.measure == measure]["per_batch"].map(json.loads)
+        assert np.allclose(sharp[sharp.measure == measure]["value"], [np.mean(p) for p in per_batch])
+    nb = json.loads(res.notebook.read_text())
+    assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
