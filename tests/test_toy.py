@@ -1,0 +1,69 @@
+"""Scalar toy model: the library's geometry against independent references."""
+import numpy as np
+import pytest
+import torch
+
+from hideseek.experiments import toy
+from hideseek.reference import geodesic_rk4, pair_metric_tensor
+
+RNG = np.random.default_rng(0)
+PTS = [(0.7, 1.3), (-1.1, 0.4), (2.0, -0.3), (0.3, 0.25)]
+
+
+@pytest.mark.parametrize("x,y", [(1.0, 1.0), (0.5, -2.0)])
+def test_euclidean_and_riemannian_gradient_norms(x, y):
+    g = RNG.uniform(0.2, 2, 20) * RNG.choice([-1, 1], 20)
+    h = RNG.uniform(0.2, 2, 20) * RNG.choice([-1, 1], 20)
+    f = toy.toy_fields(g, h, x=x, y=y)
+    beta, r = g * h, g * h * x - y
+    np.testing.assert_allclose(f["loss"], r**2, rtol=1e-13)
+    np.testing.assert_allclose(f["egrad_norm"], 2 * np.abs(r * x) * np.hypot(g, h), rtol=1e-12)
+    np.testing.assert_allclose(f["ehess_trace"], 2 * x**2 * (g**2 + h**2), rtol=1e-12)
+    # Quotient of the invariant metric: horizontal lift of d beta is (g z, h z) with
+    # d beta = 2 beta z and norm^2 = 2 z^2, so ds^2 = d beta^2 / (2 beta^2) and
+    # ||grad L|| = |dL/d beta| sqrt(2) |beta|, independent of the library's formula.
+    np.testing.assert_allclose(f["rgrad_norm"], np.abs(2 * r * x) * np.sqrt(2) * np.abs(beta), rtol=1e-12)
+
+
+@pytest.mark.parametrize("g,h", PTS)
+def test_riemannian_hessian_against_rk4_geodesic(g, h):
+    """Hess L(xi, xi) = d^2/dt^2 L(gamma(t)) with gamma integrated by RK4 from the
+    reference Christoffel symbols of the metric tensor (no closed forms)."""
+    x, y = 1.3, 0.8
+    f = toy.toy_fields(np.array([g]), np.array([h]), x=x, y=y)
+    theta = torch.tensor([g, h], dtype=torch.float64)
+    metric = lambda t: pair_metric_tensor(t, 1, 1, 1, "invariant")  # noqa: E731
+    for name, vel in (("rhess_trace", [g, h]), ("rhess_vertical", [g, -h])):
+        v = torch.tensor(vel, dtype=torch.float64)
+        v = v / torch.sqrt(v @ metric(theta) @ v)  # unit speed in the metric
+        T, steps = 0.003, 4
+        xs_f, _ = geodesic_rk4(metric, theta, v, t=T, steps=steps)
+        xs_b, _ = geodesic_rk4(metric, theta, -v, t=T, steps=steps)
+        L = lambda p: float((p[0] * p[1] * x - y) ** 2)  # noqa: E731
+        d2 = (L(xs_f[-1]) - 2 * L(theta) + L(xs_b[-1])) / T**2
+        assert f[name][0] == pytest.approx(d2, abs=1e-4 * max(1.0, abs(d2)))
+    # total-space trace = quotient trace, vertical part vanishes
+    assert abs(f["rhess_vertical"][0]) < 1e-12
+    assert f["rhess_total"][0] == pytest.approx(f["rhess_trace"][0], abs=1e-12)
+
+
+def test_level_sets_and_claims():
+    spread = toy.orbit_spread(x=1.0, y=1.0)
+    for k in ("loss", "rgrad_norm", "rhess_trace"):
+        assert spread[k] < 1e-12, k          # functions of beta = g h alone
+    for k in ("egrad_norm", "ehess_trace"):
+        assert spread[k] > 0.1, k            # not constant on the loss's level sets
+    res = toy.run({"n_grid": 40, "lim": 2.0})
+    c = res["checks"]
+    # on the minimum set the Riemannian trace is 4 y^2 (from Hess = 4 x beta (2 x beta - y))
+    assert c["at_minimum"]["loss_max"] < 1e-20
+    assert c["at_minimum"]["rhess_trace_min"] == pytest.approx(4.0)
+    assert c["at_minimum"]["rhess_trace_max"] == pytest.approx(4.0)
+    assert c["horizontal_residual_max"] < 1e-12
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="g != 0"):
+        toy.toy_fields(np.array([0.0, 1.0]), np.array([1.0, 1.0]))
+    with pytest.raises(ValueError, match="even"):
+        toy.run({"n_grid": 41})
