@@ -88,8 +88,12 @@ def infer_vision_config(visual_sd: dict[str, torch.Tensor]) -> dict:
     }
 
 
-def build_clip_classifier(vision: dict, num_classes: int) -> ClipClassifier:
-    """An open_clip image tower of the given shape (random weights, nothing downloaded) + head."""
+def build_clip_classifier(vision: dict, num_classes: int, device: str | torch.device = "cpu") -> ClipClassifier:
+    """An open_clip image tower of the given shape (random weights, nothing downloaded) + head.
+
+    ``device="meta"`` builds it without allocating or initialising weights
+    (for loading a checkpoint into it with ``load_state_dict(..., assign=True)``).
+    """
     import open_clip
 
     vision_cfg = {
@@ -107,13 +111,14 @@ def build_clip_classifier(vision: dict, num_classes: int) -> ClipClassifier:
     level = log.level
     log.setLevel(logging.ERROR)  # silence "No pretrained weights loaded" (intended)
     try:
-        clip = open_clip.create_model(
-            "ViT-B-32-quickgelu", pretrained=None, embed_dim=vision["output_dim"],
-            vision_cfg=vision_cfg, text_cfg=tiny_text,
-        )
+        with torch.device(device):
+            clip = open_clip.create_model(
+                "ViT-B-32-quickgelu", pretrained=None, embed_dim=vision["output_dim"],
+                vision_cfg=vision_cfg, text_cfg=tiny_text, device=device,
+            )
+            return ClipClassifier(clip.visual, vision["output_dim"], num_classes)
     finally:
         log.setLevel(level)
-    return ClipClassifier(clip.visual, vision["output_dim"], num_classes)
 
 
 def split_state_dict(sd: dict) -> tuple[dict, dict, list[str]]:
@@ -159,7 +164,7 @@ def load_clip_finetune(
         if not Path(path).is_file():
             raise FileNotFoundError(f"no CLIP fine-tune at {path}")
         try:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as err:  # a JIT archive, a pickled module, a truncated download, ...
             raise AssetError(f"{name}: cannot be read as a torch state dict ({type(err).__name__}: {err})") from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
@@ -186,7 +191,8 @@ def load_clip_finetune(
     if num_classes is not None and head[HEAD_W].shape[0] != num_classes:
         raise AssetError(f"{name}: head has {head[HEAD_W].shape[0]} classes, expected {num_classes}")
 
-    model = build_clip_classifier(vision, head[HEAD_W].shape[0])
+    # Built on the meta device (no random initialisation of 88M weights), then given the file's tensors.
+    model = build_clip_classifier(vision, head[HEAD_W].shape[0], device="meta")
     want = {f"visual.{k}": v for k, v in visual.items()} | head
     own = model.state_dict()
     missing = sorted(set(own) - set(want))
@@ -198,5 +204,8 @@ def load_clip_finetune(
             f"{name}: does not match open_clip's image tower; missing {missing[:8]}, "
             f"unexpected {extra[:8]}, shape mismatches {shapes[:8]}"
         )
-    model.load_state_dict({k: v.to(torch.float32) for k, v in want.items()}, strict=True)
-    return model.to(dtype).eval()
+    model.load_state_dict({k: v.to(dtype).clone() for k, v in want.items()}, strict=True, assign=True)
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise AssetError(f"{name}: tensors left without values after loading: {left[:8]}")
+    return model.eval()

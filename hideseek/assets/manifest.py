@@ -52,7 +52,8 @@ class MissingAsset:
     def describe(self) -> str:
         where = self.path
         if self.indices:
-            where += f"  for i in {_ranges(self.indices)} ({len(self.indices)} files)"
+            n = len(self.indices)
+            where += f"  for i in {_ranges(self.indices)} ({n} file{'s' if n != 1 else ''})"
         return where if self.reason == "missing" else f"{where}  ({self.reason})"
 
 
