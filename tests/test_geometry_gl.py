@@ -5,7 +5,7 @@ import scipy.linalg
 import torch
 
 from hideseek.geometry.gl import PairGeometry, act, exact_geodesic_gl1
-from hideseek.reference import (christoffel_symbols, geodesic_rk4, pair_metric_tensor,
+from hideseek.reference import (christoffel_contraction, christoffel_symbols, geodesic_rk4, pair_metric_tensor,
                                 taylor_remainder_slope)
 from hideseek.symmetries.action import random_gl
 
@@ -108,6 +108,8 @@ def test_acceleration_equals_christoffel_from_metric_derivatives(metric, shape):
     assert torch.allclose(gam, gam_fd, atol=1e-7)
     expected = -torch.einsum("kij,i,j->k", gam, v, v)
     assert torch.allclose(vec(aG, aH), expected, atol=1e-10, rtol=1e-9)
+    # the contraction used by the RK4 reference agrees with the full symbols
+    assert torch.allclose(christoffel_contraction(mf, theta, v), -expected, atol=1e-10)
 
 
 def test_eps_invariant_acceleration_is_christoffel_of_relaxed_metric():

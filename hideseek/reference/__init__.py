@@ -55,6 +55,14 @@ def christoffel_symbols(metric_fn: Callable[[Tensor], Tensor], theta: Tensor,
     return 0.5 * torch.einsum("kl,lij->kij", ginv, T)
 
 
+def christoffel_contraction(metric_fn: Callable[[Tensor], Tensor], theta: Tensor, v: Tensor) -> Tensor:
+    """``Γ(v, v)`` without forming all symbols:
+    ``Γ^k(v, v) = g^{kl} [(∂_i g_lj) vⁱ vʲ − ½ ∂_l (vᵀ g v)]`` (one JVP and one gradient)."""
+    _, dgv = torch.func.jvp(lambda th: metric_fn(th) @ v, (theta,), (v,))
+    grad_quad = torch.func.grad(lambda th: v @ metric_fn(th) @ v)(theta)
+    return torch.linalg.solve(metric_fn(theta), dgv - 0.5 * grad_quad)
+
+
 def geodesic_rk4(metric_fn: Callable[[Tensor], Tensor], theta: Tensor, velocity: Tensor,
                  t: float = 1.0, steps: int = 200) -> tuple[Tensor, Tensor]:
     """Integrate ``θ̈ = −Γ(θ̇, θ̇)`` from ``(θ, v)`` to time ``t`` with RK4.
@@ -63,8 +71,7 @@ def geodesic_rk4(metric_fn: Callable[[Tensor], Tensor], theta: Tensor, velocity:
     """
     def f(state):
         x, v = state
-        gam = christoffel_symbols(metric_fn, x)
-        return v, -torch.einsum("kij,i,j->k", gam, v, v)
+        return v, -christoffel_contraction(metric_fn, x, v)
 
     dt = t / steps
     x, v = theta.clone(), velocity.clone()
