@@ -185,11 +185,15 @@ class ProductGeometry:
         n = torch.where(n > 0, n, torch.ones_like(n))
         return [t / n for t in r]
 
-    def ball(self, x: Tangent, rho: float) -> Tangent:
-        """Projection onto ``{allowed, ‖ξ‖ ≤ ρ}`` (exact for the metric norm and for ℓ∞)."""
+    def ball(self, x: Tangent, rho: float, project: bool = True) -> Tangent:
+        """Projection onto ``{allowed, ‖ξ‖ ≤ ρ}`` (exact for the metric norm and for ℓ∞).
+
+        ``project=False`` skips the (linear) projection onto the allowed subspace, for ``x``
+        that is already a linear combination of allowed vectors."""
         if self.p == "linf":
             return [torch.maximum(torch.minimum(xi, rho * c), -rho * c) for xi, c in zip(x, self.c_free)]
-        x = self.project(x)
+        if project:
+            x = self.project(x)
         n = self.sqnorm(x).sqrt()
         scale = torch.where(n > rho, rho / n, torch.ones_like(n))
         return [t * scale for t in x]

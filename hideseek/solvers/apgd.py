@@ -74,13 +74,15 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
     increases, last_ckpt = 0, 0
     eta_last, best_last = eta, best_val
     for k in range(n_iters):
+        # x, x_prev and the direction d are allowed (horizontal) vectors, so are their
+        # combinations: only the radial part of the ball projection is needed.
         d = geometry.direction(g)
-        z = geometry.ball(_axpby(1.0, x, eta, d), rho)
+        z = geometry.ball(_axpby(1.0, x, eta, d), rho, project=False)
         if k == 0:
             x_new = z
         else:
             x_new = geometry.ball([xi + alpha * (zi - xi) + (1 - alpha) * (xi - pi)
-                                   for xi, zi, pi in zip(x, z, x_prev)], rho)
+                                   for xi, zi, pi in zip(x, z, x_prev)], rho, project=False)
         f_new, g_new = objective(x_new)
         fv = float(f_new)     # the one host sync per iteration the schedule needs
         history.append(fv)
