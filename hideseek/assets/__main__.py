@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     params = Path(args.params)
     profile = args.profile or _profile_from_params(params) or "cpu"
+    # data.dvc records data/paper as an (empty) folder: make sure the folder exists, so that
+    # `dvc status` / `dvc checkout` find it, whatever the profile.
+    (Path(args.root) if args.root else man.root).mkdir(parents=True, exist_ok=True)
     if profile != "paper":
         print(f"profile {profile!r} reads none of the paper's assets; nothing to check.")
         if args.write:
