@@ -201,3 +201,10 @@ def test_missing_run_lists_its_files():
     msg = str(info.value)
     assert "bert_{i:02d}/model.ckpt-*.index  for i in 5 (1 file)" in msg
     assert "Zenodo record 4110593" in msg and "bert_config.json" not in msg
+
+
+def test_the_converted_model_exposes_its_attention_symmetries():
+    import hideseek as hs
+
+    model = load_mccoy_bert(0, root=FIX, dtype=torch.float64)
+    assert len(hs.find_symmetries(model)) == 2  # one per encoder layer

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hideseek.assets import AssetError
-from hideseek.assets.clip_soups import load_clip_finetune
+import hideseek as hs
+from hideseek.assets import AssetError, MissingAssetsError
+from hideseek.assets.clip_soups import load_clip_finetune, load_clip_soup
 
 
 def openai_clip_soup_state_dict(width, layers, patch, image_size, out_dim, classes, *, seed=0,
@@ -184,3 +185,19 @@ def test_wrong_files_are_rejected_with_the_reason(small_file, tmp_path):
         load_clip_finetune(junk)
     with pytest.raises(FileNotFoundError):
         load_clip_finetune(tmp_path / "absent.pt")
+
+
+def test_the_loaded_model_exposes_its_attention_symmetries(small_file):
+    model = load_clip_finetune(small_file[0], expect=None, num_classes=10, dtype=torch.float64)
+    blocks = hs.find_symmetries(model)
+    assert len(blocks) == SMALL["layers"]
+    assert all("visual.transformer.resblocks" in repr(b) for b in blocks)
+
+
+def test_load_clip_soup_by_index(small_file, tmp_path):
+    (tmp_path / "clip_soups").mkdir()
+    with pytest.raises(MissingAssetsError, match=r"model_\{i\}.pt  for i in 3 \(1 file\)"):
+        load_clip_soup(3, root=tmp_path)
+    (tmp_path / "clip_soups" / "model_3.pt").write_bytes(small_file[0].read_bytes())
+    with pytest.raises(AssetError, match="not the expected architecture"):  # a stand-in, not ViT-B/32
+        load_clip_soup(3, root=tmp_path)

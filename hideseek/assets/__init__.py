@@ -29,6 +29,7 @@ from .manifest import (
 
 _LAZY = {
     "load_clip_finetune": "clip_soups",
+    "load_clip_soup": "clip_soups",
     "ClipClassifier": "clip_soups",
     "clip_preprocess": "imagenet",
     "ImageNetAssets": "imagenet",

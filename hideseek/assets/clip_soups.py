@@ -209,3 +209,23 @@ def load_clip_finetune(
     if left:
         raise AssetError(f"{name}: tensors left without values after loading: {left[:8]}")
     return model.eval()
+
+
+def load_clip_soup(
+    i: int,
+    *,
+    root: str | os.PathLike | None = None,
+    manifest=None,
+    dtype: torch.dtype = torch.float32,
+) -> ClipClassifier:
+    """Model ``i`` (0-71) of the model-soups release from ``<root>/clip_soups/model_{i}.pt``.
+
+    Checks the file first (a :class:`~hideseek.assets.MissingAssetsError` names
+    it and its origin when absent), then :func:`load_clip_finetune` with the
+    ViT-B/32 and 1000-class expectations.
+    """
+    from .manifest import Manifest, check_assets, load_manifest
+
+    man = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
+    root = check_assets("clip_soups", root=root, manifest=man, select={"clip_soups": [int(i)]})
+    return load_clip_finetune(Path(root) / "clip_soups" / f"model_{int(i)}.pt", dtype=dtype)
