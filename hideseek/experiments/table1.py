@@ -1,0 +1,177 @@
+"""Table 1: Kendall tau between sharpness and generalisation, paper beside ours.
+
+Every stage that contributes a row writes, in its metrics file
+``reports/metrics/<stage>.json``, a key ``"table1"`` holding one entry or a
+list of entries of the form::
+
+    {"row": "diagonal" | "vision" | "language",
+     "variant": "closed forms",            # optional label, one line per variant
+     "tau": {"adaptive": t, "geodesic_invariant": t, "geodesic_mixed": t},
+     "ci":  {"adaptive": [lo, hi], ...},   # optional, bootstrap 95 % intervals
+     "rho": 0.1,                           # optional (a number or a dict per measure)
+     "n_models": 50}
+
+and the pipeline adds the top-level ``"profile"``. This module reads all
+metrics files, lists the paper's three rows in the paper's order with the
+paper's values, our values (and intervals) beside them, the profile that
+produced them, and marks rows no stage has produced as "not computed yet".
+
+``python -m hideseek.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
+writes ``table1.md`` and ``table1.csv`` (each written to a temporary file
+and renamed, so a reader never sees half a table).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
+MEASURE_TITLES = {"adaptive": "adaptive", "geodesic_invariant": "geodesic, invariant (metric 5/9)",
+                  "geodesic_mixed": "geodesic, mixed (metric 6/10)"}
+
+#: The paper's Table 1, in its order.
+PAPER_ROWS = [
+    {"row": "diagonal", "setting": "Diagonal networks (50 nets)",
+     "ours": "diagonal networks, sparse regression",
+     "paper": {"adaptive": -0.68, "geodesic_invariant": -0.83, "geodesic_mixed": -0.86}},
+    {"row": "vision", "setting": "ImageNet, CLIP ViT-B/32 fine-tunes (72 models)",
+     "ours": "vision-transformer zoo (ImageNet analogue)",
+     "paper": {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}},
+    {"row": "language", "setting": "MNLI, BERT fine-tunes (35 models)",
+     "ours": "language-transformer zoo (MNLI analogue)",
+     "paper": {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}},
+]
+NOT_COMPUTED = "not computed yet"
+
+
+def collect(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """Table-1 entries from every ``*.json`` in ``metrics_dir``, grouped by row."""
+    out: dict[str, list[dict[str, Any]]] = {r["row"]: [] for r in PAPER_ROWS}
+    mdir = Path(metrics_dir)
+    if not mdir.is_dir():
+        return out
+    for path in sorted(mdir.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict) or "table1" not in data:
+            continue
+        entries = data["table1"]
+        entries = entries if isinstance(entries, list) else [entries]
+        for e in entries:
+            if e.get("row") not in out:
+                raise ValueError(f"{path}: table1 row {e.get('row')!r} is not one of {list(out)}")
+            missing = [m for m in MEASURES if m not in e.get("tau", {})]
+            if missing:
+                raise ValueError(f"{path}: table1 entry for {e['row']!r} lacks tau for {missing}")
+            out[e["row"]].append({**e, "profile": data.get("profile", "?"), "stage": path.stem})
+    return out
+
+
+def _fmt(x: Any) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.2f}"
+
+
+def _rho_str(rho: Any) -> str:
+    if rho is None:
+        return ""
+    if isinstance(rho, dict):
+        return ", ".join(f"{k}: {v:g}" for k, v in rho.items())
+    return f"{rho:g}"
+
+
+def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
+    """Markdown text and CSV records of Table 1."""
+    entries = collect(metrics_dir)
+    records: list[dict[str, Any]] = []
+    lines = [
+        "# Table 1: Kendall τ between sharpness and generalisation",
+        "",
+        "Paper values beside ours; ours with bootstrap 95 % intervals, the profile that produced "
+        "them and the radius ρ. Generalisation: test loss (diagonal networks), test error − "
+        "train error (transformer zoos).",
+        "",
+        "| setting | source | profile | models | ρ | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " |",
+        "|---|---|---|---|---|" + "---|" * len(MEASURES),
+    ]
+    for row in PAPER_ROWS:
+        p = row["paper"]
+        lines.append(f"| {row['setting']} | paper | – | – | – | "
+                     + " | ".join(f"{p[m]:+.2f}" for m in MEASURES) + " |")
+        records.append({"row": row["row"], "setting": row["setting"], "source": "paper",
+                        "variant": "", "profile": "", "stage": "", "n_models": "", "rho": "",
+                        **{m: p[m] for m in MEASURES},
+                        **{f"{m}_ci_low": "" for m in MEASURES}, **{f"{m}_ci_high": "" for m in MEASURES},
+                        "status": "paper"})
+        ours = entries[row["row"]]
+        if not ours:
+            lines.append(f"| {row['ours']} | ours | – | – | – | "
+                         + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
+            records.append({"row": row["row"], "setting": row["ours"], "source": "ours", "variant": "",
+                            "profile": "", "stage": "", "n_models": "", "rho": "",
+                            **{m: "" for m in MEASURES},
+                            **{f"{m}_ci_low": "" for m in MEASURES}, **{f"{m}_ci_high": "" for m in MEASURES},
+                            "status": NOT_COMPUTED})
+            continue
+        for e in ours:
+            cells = []
+            for m in MEASURES:
+                ci = (e.get("ci") or {}).get(m)
+                cells.append(_fmt(e["tau"][m]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+            label = row["ours"] + (f" ({e['variant']})" if e.get("variant") else "")
+            lines.append(f"| {label} | ours | {e['profile']} | {e.get('n_models', '')} | "
+                         f"{_rho_str(e.get('rho'))} | " + " | ".join(cells) + " |")
+            ci = e.get("ci") or {}
+            records.append({"row": row["row"], "setting": row["ours"], "source": "ours",
+                            "variant": e.get("variant", ""), "profile": e["profile"], "stage": e["stage"],
+                            "n_models": e.get("n_models", ""), "rho": _rho_str(e.get("rho")),
+                            **{m: e["tau"][m] for m in MEASURES},
+                            **{f"{m}_ci_low": (ci.get(m) or ["", ""])[0] for m in MEASURES},
+                            **{f"{m}_ci_high": (ci.get(m) or ["", ""])[1] for m in MEASURES},
+                            "status": "computed"})
+    lines.append("")
+    return "\n".join(lines), records
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", newline="") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def write(metrics_dir: str | os.PathLike = "reports/metrics", out_dir: str | os.PathLike = "reports") -> tuple[Path, Path]:
+    """Write ``table1.md`` and ``table1.csv`` into ``out_dir``."""
+    md, records = build(metrics_dir)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(records[0]))
+    writer.writeheader()
+    writer.writerows(records)
+    out = Path(out_dir)
+    _atomic_write(out / "table1.csv", buf.getvalue())
+    _atomic_write(out / "table1.md", md)
+    return out / "table1.md", out / "table1.csv"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hideseek.experiments.table1", description=__doc__.split("\n")[0])
+    ap.add_argument("--metrics-dir", default="reports/metrics")
+    ap.add_argument("--out-dir", default="reports")
+    args = ap.parse_args(argv)
+    md, csv_path = write(args.metrics_dir, args.out_dir)
+    print(Path(md).read_text())
+    print(f"wrote {md} and {csv_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
