@@ -137,7 +137,9 @@ def test_cli_prints_the_message_without_a_traceback_and_exits_2(tmp_path):
 def test_cli_other_profiles_need_nothing_and_record_that(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"profile": "cpu"}))
-    assert main(["check", "--params", str(params), "--write", str(tmp_path / "fp.json")]) == 0
+    assert main(["check", "--params", str(params), "--root", str(tmp_path / "paper"),
+                 "--write", str(tmp_path / "fp.json")]) == 0
+    assert (tmp_path / "paper").is_dir()  # created, so that DVC finds the folder data.dvc records
     assert json.loads((tmp_path / "fp.json").read_text()) == {"profile": "cpu", "paper_assets": "not used"}
 
 
