@@ -14,8 +14,8 @@ table and the two protobuf messages with the standard library and numpy.
 Format facts used here (table): a 48-byte footer = two block handles (varint64
 offset and size each, zero-padded to 40 bytes) + the magic number
 0xdb4775248b80fb57 (little-endian); each block is followed by a 1-byte
-compression type (0 = none, the only one TensorFlow's bundle writer uses; 1 =
-snappy, supported too) and a masked CRC32C; block entries are prefix-compressed
+compression type (0 = none, the only one TensorFlow's bundle writer uses; others
+are refused) and a masked CRC32C; block entries are prefix-compressed
 (shared, non-shared, value lengths as varint32) with a restart array at the end.
 """
 from __future__ import annotations
@@ -200,45 +200,6 @@ def _parse_entry(name: str, buf: bytes) -> BundleEntry:
 
 # --------------------------------------------------------------------------- SSTable
 
-def _snappy_decompress(buf: bytes) -> bytes:
-    """Raw snappy (the block format LevelDB uses)."""
-    n, pos = _varint(buf, 0)
-    out = bytearray()
-    while pos < len(buf):
-        tag = buf[pos]
-        pos += 1
-        t = tag & 3
-        if t == 0:  # literal
-            ln = tag >> 2
-            if ln >= 60:
-                extra = ln - 59
-                ln = int.from_bytes(buf[pos:pos + extra], "little")
-                pos += extra
-            ln += 1
-            out += buf[pos:pos + ln]
-            pos += ln
-            continue
-        if t == 1:
-            ln = ((tag >> 2) & 7) + 4
-            off = ((tag >> 5) << 8) | buf[pos]
-            pos += 1
-        elif t == 2:
-            ln = (tag >> 2) + 1
-            off = int.from_bytes(buf[pos:pos + 2], "little")
-            pos += 2
-        else:
-            ln = (tag >> 2) + 1
-            off = int.from_bytes(buf[pos:pos + 4], "little")
-            pos += 4
-        if off == 0 or off > len(out):
-            raise CheckpointFormatError("corrupt snappy block")
-        for _ in range(ln):  # copies may overlap their own output
-            out.append(out[-off])
-    if len(out) != n:
-        raise CheckpointFormatError("corrupt snappy block (length)")
-    return bytes(out)
-
-
 def _read_block(data: bytes, offset: int, size: int, where: str) -> bytes:
     end = offset + size
     if end + 5 > len(data):
@@ -247,11 +208,9 @@ def _read_block(data: bytes, offset: int, size: int, where: str) -> bytes:
     stored = struct.unpack_from("<I", data, end + 1)[0]
     if crc32c(block + bytes([ctype])) != unmask_crc(stored):
         raise CheckpointFormatError(f"{where}: block checksum mismatch (file corrupt or truncated)")
-    if ctype == 0:
-        return block
-    if ctype == 1:
-        return _snappy_decompress(block)
-    raise CheckpointFormatError(f"{where}: unknown block compression type {ctype}")
+    if ctype != 0:  # TensorFlow's BundleWriter writes its index uncompressed
+        raise CheckpointFormatError(f"{where}: compressed table blocks (type {ctype}) are not supported")
+    return block
 
 
 def _block_entries(block: bytes):
