@@ -157,11 +157,11 @@ def augment(x: torch.Tensor, shift: int, noise_std: float, background: float, ge
         dy = torch.randint(0, 2 * shift + 1, (b,), generator=gen)
         dx = torch.randint(0, 2 * shift + 1, (b,), generator=gen)
         ar = torch.arange(IMAGE_SIZE)
-        rows = (dy[:, None] + ar)[:, :, None]
-        cols = (dx[:, None] + ar)[:, None, :]
-        x = padded[torch.arange(b)[:, None, None], 0, rows, cols].unsqueeze(1)
+        rows = (dy[:, None] + ar)[:, :, None].to(x.device)
+        cols = (dx[:, None] + ar)[:, None, :].to(x.device)
+        x = padded[torch.arange(b, device=x.device)[:, None, None], 0, rows, cols].unsqueeze(1)
     if noise_std > 0:
-        x = x + noise_std * torch.randn(x.shape, generator=gen)
+        x = x + noise_std * torch.randn(x.shape, generator=gen).to(x.device)
     return x
 
 
@@ -188,7 +188,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, weight
     for _ in range(epochs):
         perm = torch.randperm(n, generator=gen)
         for i in range(0, n, batch_size):
-            idx = perm[i : i + batch_size]
+            idx = perm[i : i + batch_size].to(x.device)
             xb = augment(x[idx], shift, noise_std, background, gen)
             loss = F.cross_entropy(model(xb), y[idx], label_smoothing=label_smoothing)
             opt.zero_grad(set_to_none=True)
@@ -249,11 +249,15 @@ def member_data(data: DigitsData, hp: Mapping[str, Any], n_sharpness: int, seed:
 
 
 def train_member(init_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], data: DigitsData,
-                 hp: Mapping[str, Any], n_sharpness: int, seed: int) -> tuple[DigitsViT, dict]:
-    """Fine-tune one member from the shared checkpoint; returns the model and its record."""
+                 hp: Mapping[str, Any], n_sharpness: int, seed: int, device: str = "cpu") -> tuple[DigitsViT, dict]:
+    """Fine-tune one member from the shared checkpoint; returns the model (on the CPU) and its record."""
     model = DigitsViT(**config)
     model.load_state_dict(init_state)
+    model.to(device)
     x, y, y_clean, corrupted, idx = member_data(data, hp, n_sharpness, seed)
+    x, y, y_clean, corrupted = x.to(device), y.to(device), y_clean.to(device), corrupted.to(device)
+    data = DigitsData(data.x_pool.to(device), data.y_pool.to(device), data.x_test.to(device),
+                      data.y_test.to(device), data.mean, data.std)
     t0 = time.perf_counter()
     fit(model, x, y, lr=hp["lr"], weight_decay=hp["weight_decay"], epochs=hp["epochs"],
         batch_size=hp["batch_size"], label_smoothing=hp["label_smoothing"], shift=hp["shift"],
@@ -272,22 +276,26 @@ def train_member(init_state: Mapping[str, torch.Tensor], config: Mapping[str, An
         gap=test_error - train_error,
         train_seconds=seconds,
     )
-    return model, record
+    return model.cpu(), record
 
 
-def pretrain(config: Mapping[str, Any], data: DigitsData, pre: Mapping[str, Any], seed: int) -> tuple[DigitsViT, dict]:
+def pretrain(config: Mapping[str, Any], data: DigitsData, pre: Mapping[str, Any], seed: int,
+             device: str = "cpu") -> tuple[DigitsViT, dict]:
     """The shared checkpoint: a seeded random init, trained briefly on a fixed pool subset."""
-    model = build_model(config, seed)
+    model = build_model(config, seed).to(device)
+    data = DigitsData(data.x_pool.to(device), data.y_pool.to(device), data.x_test.to(device),
+                      data.y_test.to(device), data.mean, data.std)
     n = int(pre.get("n_images", 0))
     record = dict(n_images=n, epochs=int(pre.get("epochs", 0)))
     if n > 0 and pre.get("epochs", 0) > 0:
         idx = np.sort(np.random.default_rng(seed).permutation(len(data.y_pool))[:n])
-        fit(model, data.x_pool[idx], data.y_pool[idx], lr=float(pre["lr"]), weight_decay=float(pre["weight_decay"]),
+        sel = torch.as_tensor(idx, device=device)
+        fit(model, data.x_pool[sel], data.y_pool[sel], lr=float(pre["lr"]), weight_decay=float(pre["weight_decay"]),
             epochs=int(pre["epochs"]), batch_size=int(pre["batch_size"]), seed=seed)
         record["indices"] = idx.tolist()
     record["test_error"] = error_rate(model, data.x_test, data.y_test)
     record["pool_error"] = error_rate(model, data.x_pool, data.y_pool)
-    return model, record
+    return model.cpu(), record
 
 
 # --------------------------------------------------------------------------- zoo
@@ -307,7 +315,10 @@ def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = Tr
     if n_sharp > len(data.y_pool):
         raise ValueError(f"n_sharpness={n_sharp} exceeds the pool of {len(data.y_pool)} images")
     t0 = time.perf_counter()
-    init_model, pre_record = pretrain(config, data, params.get("pretrain", {}), seed)
+    device = str(params.get("device", "cpu"))
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available; use the cpu profile")
+    init_model, pre_record = pretrain(config, data, params.get("pretrain", {}), seed, device)
     pre_record["seconds"] = time.perf_counter() - t0
     init_state = {k: v.clone() for k, v in init_model.state_dict().items()}
     torch.save(init_state, out / "init.pt")
@@ -318,7 +329,7 @@ def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = Tr
     bar = tqdm(range(n_models), desc="vision zoo", unit="model", disable=not progress)
     for i in bar:
         hp = sample_hparams(rng, params["ranges"], len(data.y_pool), n_sharp)
-        model, record = train_member(init_state, config, data, hp, n_sharp, seed=seed * 100_003 + i + 1)
+        model, record = train_member(init_state, config, data, hp, n_sharp, seed=seed * 100_003 + i + 1, device=device)
         name = f"model_{i:03d}"
         torch.save(model.state_dict(), out / f"{name}.pt")
         members.append(dict(name=name, file=f"{name}.pt", **record))
@@ -334,8 +345,8 @@ def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = Tr
     return meta
 
 
-def load_zoo(path: str | Path) -> tuple[dict, list[tuple[str, Any]]]:
-    """``(meta, [(name, loader), ...])`` for a zoo folder; each loader returns an eval-mode model."""
+def load_zoo(path: str | Path, device: str = "cpu") -> tuple[dict, list[tuple[str, Any]]]:
+    """``(meta, [(name, loader), ...])`` for a zoo folder; each loader returns an eval-mode model on ``device``."""
     path = Path(path)
     meta_file = path / "zoo.json"
     if not meta_file.is_file():
@@ -348,7 +359,7 @@ def load_zoo(path: str | Path) -> tuple[dict, list[tuple[str, Any]]]:
         def load() -> DigitsViT:
             model = DigitsViT(**meta["model"])
             model.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
-            return model.eval()
+            return model.to(device).eval()
         return load
 
     return meta, [(m["name"], loader(path / m["file"])) for m in meta["members"]]
@@ -400,7 +411,8 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
     ``params`` (the ``vision`` section of ``params.yaml``): ``zoo_dir``, ``n_images`` and
     ``batch_size`` (the sharpness set), ``n_iters`` (Auto-PGD), ``rho_grid`` (a grid per
     measure), ``measures`` (optional subset of the standard three), ``seed`` (solver),
-    ``split_seed`` (the halves), ``n_boot``, ``criterion`` and optionally ``threads``.
+    ``split_seed`` (the halves), ``n_boot``, ``criterion`` and optionally ``threads`` and
+    ``device`` (the batches follow the model's device).
     """
     import pandas as pd
 
@@ -408,7 +420,7 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
     from hideseek.utils import set_threads
 
     set_threads(params.get("threads"))
-    meta, models = load_zoo(params["zoo_dir"])
+    meta, models = load_zoo(params["zoo_dir"], device=str(params.get("device", "cpu")))
     n_images, batch_size = int(params["n_images"]), int(params["batch_size"])
     if n_images > meta["n_sharpness"]:
         raise ValueError(f"n_images={n_images} exceeds the zoo's sharpness set of {meta['n_sharpness']} images "
