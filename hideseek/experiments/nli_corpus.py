@@ -574,7 +574,7 @@ def generate(n: int, seed: int, weights: dict[str, float], *,
 @dataclass(frozen=True)
 class CorpusSpec:
     seed: int = 0
-    n_train: int = 6000
+    n_train: int = 4000
     n_dev: int = 900
     n_test: int = 900
     hard_rate: float = 0.05

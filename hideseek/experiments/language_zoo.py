@@ -1,0 +1,682 @@
+"""The language zoo: one small BERT pre-trained once, fine-tuned many times (Figures 5, 7, 8, 9).
+
+The paper uses 35 of the 100 ``bert-base-uncased`` MNLI fine-tunes of McCoy et
+al. (2020), which differ only in the fine-tuning seed. The ``cpu`` analogue:
+
+1. a generated NLI corpus (:mod:`hideseek.experiments.nli_corpus`) with a
+   HANS-like test split on which lexical overlap does not help;
+2. a small ``transformers`` BERT (``BertForMaskedLM``) pre-trained once, from
+   a fixed seed, with masked language modelling on the training pairs;
+3. ``n_models`` ``BertForSequenceClassification`` fine-tunes of it with the
+   same hyperparameters and different seeds; the seed sets the classifier
+   initialisation, the data order and the dropout masks, as in McCoy et al.
+
+Generalisation gap = test error - train error (errors in [0, 1]).
+
+Command line (the DVC stage ``language_train``)::
+
+    python -m hideseek.experiments.language_zoo train --out data/zoos/language --profile cpu
+
+reads ``params.yaml`` (section ``language_train``, sub-dict of the profile) and
+writes ``out/corpus/`` (vocab.txt, splits), ``out/pretrained/``, one folder per
+fine-tune ``out/model_XXX/`` (``save_pretrained``) and ``out/zoo.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hideseek.experiments import nli_corpus as nc
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ZOO_FORMAT = 1
+
+
+# ----------------------------------------------------------------------------
+# configuration
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    intermediate_size: int = 128
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+
+
+@dataclass(frozen=True)
+class PretrainSpec:
+    seed: int = 0
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.1
+    mask_prob: float = 0.15
+
+
+@dataclass(frozen=True)
+class FinetuneSpec:
+    n_models: int = 36
+    base_seed: int = 1000
+    epochs: float = 3.0
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.1
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    corpus: nc.CorpusSpec = field(default_factory=nc.CorpusSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    pretrain: PretrainSpec = field(default_factory=PretrainSpec)
+    finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
+    max_length: int = 40
+    device: str = "cpu"  # "cpu", "cuda" or "auto" (cuda when available)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ZooSpec":
+        """From the nested ``params.yaml`` dict; unknown keys are an error."""
+        parts = {"corpus": nc.CorpusSpec, "model": ModelSpec,
+                 "pretrain": PretrainSpec, "finetune": FinetuneSpec}
+        unknown = set(d) - set(parts) - {"max_length", "device"}
+        if unknown:
+            raise ValueError(f"unknown language zoo settings {sorted(unknown)}")
+        kw: dict[str, Any] = {}
+        for key, typ in parts.items():
+            sub = dict(d.get(key) or {})
+            names = {f.name for f in fields(typ)}
+            bad = set(sub) - names
+            if bad:
+                raise ValueError(f"unknown {key} settings {sorted(bad)}; known: {sorted(names)}")
+            kw[key] = typ(**sub)
+        if "max_length" in d:
+            kw["max_length"] = int(d["max_length"])
+        if "device" in d:
+            kw["device"] = str(d["device"])
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------
+# helpers
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``"auto"`` -> cuda when available, else cpu."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+@contextlib.contextmanager
+def deterministic() -> Iterator[None]:
+    """Deterministic torch kernels inside the block (restored afterwards).
+
+    On CPU every kernel used here has a deterministic implementation; on CUDA
+    a kernel without one only warns (bitwise reproducibility is a CPU promise).
+    """
+    was = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.cuda.is_available()
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+def _to(batch: Mapping[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def trim(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop padding columns beyond the longest sequence of the batch.
+
+    The attention mask hides padding, so this changes no output; it only saves time.
+    """
+    n = int(inputs["attention_mask"].sum(dim=1).max())
+    return {k: v[:, :n] for k, v in inputs.items()}
+
+
+def _linear_schedule(opt, total: int, warmup_frac: float):
+    warm = max(1, int(round(warmup_frac * total)))
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (total - step) / max(1, total - warm))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, f)
+
+
+def bert_config(spec: ZooSpec, vocab_size: int, **extra):
+    from transformers import BertConfig
+
+    m = spec.model
+    if m.hidden_size % m.num_attention_heads:
+        raise ValueError(f"hidden_size {m.hidden_size} is not divisible by {m.num_attention_heads} heads")
+    return BertConfig(
+        vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads, intermediate_size=m.intermediate_size,
+        hidden_dropout_prob=m.hidden_dropout_prob,
+        attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+        max_position_embeddings=spec.max_length, type_vocab_size=2, pad_token_id=0, **extra,
+    )
+
+
+@torch.no_grad()
+def error_rate(model, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor,
+               batch_size: int = 512) -> tuple[float, np.ndarray]:
+    """Classification error of ``model`` (eval mode) and its predictions."""
+    was = model.training
+    model.eval()
+    preds = []
+    device = next(model.parameters()).device
+    for i in range(0, labels.numel(), batch_size):
+        batch = _to(trim({k: v[i:i + batch_size] for k, v in inputs.items()}), device)
+        preds.append(model(**batch).logits.argmax(-1).cpu())
+    model.train(was)
+    pred = torch.cat(preds)
+    return int((pred != labels).sum()) / labels.numel(), pred.numpy()
+
+
+def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, mask_prob: float,
+                mask_id: int, vocab_size: int, n_special: int, gen: torch.Generator):
+    """BERT's masking: of ``mask_prob`` of the real tokens (not [CLS]/[SEP]/[PAD]),
+    80 % become [MASK], 10 % a random word, 10 % stay; labels -100 elsewhere."""
+    ids = input_ids.clone()
+    special = ids < n_special
+    cand = attention_mask.bool() & ~special
+    chosen = (torch.rand(ids.shape, generator=gen) < mask_prob) & cand
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    r = torch.rand(ids.shape, generator=gen)
+    ids[chosen & (r < 0.8)] = mask_id
+    rand_words = torch.randint(n_special, vocab_size, ids.shape, generator=gen)
+    swap = chosen & (r >= 0.8) & (r < 0.9)
+    ids[swap] = rand_words[swap]
+    return ids, labels
+
+
+# ----------------------------------------------------------------------------
+# data
+
+
+@dataclass
+class Data:
+    tokenizer: Any
+    splits: dict[str, list[nc.Example]]
+    encoded: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]]
+
+
+def prepare_data(spec: ZooSpec, corpus_dir: str | Path) -> Data:
+    splits = nc.make_corpus(spec.corpus)
+    nc.save_corpus(splits, corpus_dir)
+    tok = nc.make_tokenizer(Path(corpus_dir) / "vocab.txt")
+    enc = {k: nc.encode(tok, v, spec.max_length) for k, v in splits.items()}
+    return Data(tok, splits, enc)
+
+
+# ----------------------------------------------------------------------------
+# training
+
+
+def pretrain(spec: ZooSpec, data: Data, out_dir: str | Path | None = None,
+             progress: bool = True):
+    """Masked-LM pre-training of a fresh ``BertForMaskedLM`` on the training pairs."""
+    from transformers import BertForMaskedLM
+
+    p = spec.pretrain
+    tok = data.tokenizer
+    inputs, _ = data.encoded["train"]
+    n = inputs["input_ids"].shape[0]
+    with deterministic():
+        torch.manual_seed(p.seed)
+        device = resolve_device(spec.device)
+        model = BertForMaskedLM(bert_config(spec, len(tok))).to(device)
+        model.train()
+        gen = torch.Generator().manual_seed(p.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+        sched = _linear_schedule(opt, p.steps, p.warmup_frac)
+        losses = []
+        perm, pos = torch.randperm(n, generator=gen), 0
+        for _ in tqdm(range(p.steps), desc="pretrain (MLM)", disable=not progress):
+            if pos + p.batch_size > n:
+                perm, pos = torch.randperm(n, generator=gen), 0
+            idx = perm[pos:pos + p.batch_size]
+            pos += p.batch_size
+            batch = trim({k: v[idx] for k, v in inputs.items()})
+            ids, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], p.mask_prob,
+                                      tok.mask_token_id, len(tok), len(nc.SPECIAL_TOKENS), gen)
+            loss = model(input_ids=ids.to(device), attention_mask=batch["attention_mask"].to(device),
+                         token_type_ids=batch["token_type_ids"].to(device), labels=labels.to(device)).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    model.eval()
+    if out_dir is not None:
+        model.to("cpu").save_pretrained(out_dir)
+        model.to(device)
+        tok.save_pretrained(out_dir)
+    return model, losses
+
+
+def finetune(spec: ZooSpec, data: Data, pretrained_dir: str | Path, seed: int,
+             progress: bool = False):
+    """One ``BertForSequenceClassification`` fine-tune from the pre-trained weights.
+
+    ``seed`` sets the classifier initialisation, the data order and the dropout masks.
+    Returns the model (eval mode) and its training losses.
+    """
+    from transformers import BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    f = spec.finetune
+    inputs, labels = data.encoded["train"]
+    n = labels.numel()
+    steps_per_epoch = math.ceil(n / f.batch_size)
+    total = max(1, int(round(f.epochs * steps_per_epoch)))
+    verbosity = hf_logging.get_verbosity()
+    with deterministic():
+        torch.manual_seed(seed)
+        hf_logging.set_verbosity_error()  # "newly initialised classifier" is expected
+        try:
+            model = BertForSequenceClassification.from_pretrained(
+                pretrained_dir, num_labels=len(nc.LABELS), local_files_only=True,
+                id2label=dict(enumerate(nc.LABELS)), label2id=nc.LABEL_ID)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        device = resolve_device(spec.device)
+        model.to(device).train()
+        gen = torch.Generator().manual_seed(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=f.lr, weight_decay=f.weight_decay)
+        sched = _linear_schedule(opt, total, f.warmup_frac)
+        losses = []
+        perm, pos = torch.randperm(n, generator=gen), 0
+        for _ in tqdm(range(total), desc=f"fine-tune seed {seed}", disable=not progress, leave=False):
+            if pos >= n:
+                perm, pos = torch.randperm(n, generator=gen), 0
+            idx = perm[pos:pos + f.batch_size]
+            pos += f.batch_size
+            batch = _to(trim({k: v[idx] for k, v in inputs.items()}), device)
+            loss = model(**batch, labels=labels[idx].to(device)).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    model.eval()
+    return model, losses
+
+
+def evaluate(model, data: Data) -> dict[str, Any]:
+    """Train / dev / test errors, the gap, and the test error per template."""
+    out: dict[str, Any] = {}
+    for split in ("train", "dev", "test"):
+        inputs, labels = data.encoded[split]
+        err, pred = error_rate(model, inputs, labels)
+        out[f"{split}_error"] = err
+        if split == "test":
+            per: dict[str, list[bool]] = {}
+            for e, p_ in zip(data.splits[split], pred):
+                per.setdefault(e.template, []).append(bool(p_ != e.label))
+            out["test_error_by_template"] = {k: float(np.mean(v)) for k, v in sorted(per.items())}
+    out["gap"] = out["test_error"] - out["train_error"]
+    return out
+
+
+def model_name(i: int) -> str:
+    return f"model_{i:03d}"
+
+
+def train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Build the whole zoo in ``out_dir`` (replaced if it exists) and return ``zoo.json``'s content."""
+    out = Path(out_dir)
+    if spec.finetune.n_models < 1:
+        raise ValueError("finetune.n_models must be >= 1")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    data = prepare_data(spec, out / "corpus")
+    heur = nc.overlap_heuristic(data.splits["train"])
+    _, mlm_losses = pretrain(spec, data, out / "pretrained", progress=progress)
+    t_pre = time.perf_counter() - t0
+    records = []
+    bar = tqdm(range(spec.finetune.n_models), desc="fine-tune zoo", disable=not progress)
+    for i in bar:
+        seed = spec.finetune.base_seed + i
+        t1 = time.perf_counter()
+        model, losses = finetune(spec, data, out / "pretrained", seed)
+        secs = time.perf_counter() - t1
+        rec = {"name": model_name(i), "path": model_name(i), "seed": seed,
+               **evaluate(model, data), "final_train_loss": float(np.mean(losses[-20:])),
+               "seconds": secs, "hyperparameters": {**asdict(spec.finetune), "seed": seed}}
+        rec["hyperparameters"].pop("n_models")
+        rec["hyperparameters"].pop("base_seed")
+        model.to("cpu").save_pretrained(out / rec["path"])
+        records.append(rec)
+        bar.set_postfix(train=f"{rec['train_error']:.3f}", test=f"{rec['test_error']:.3f}")
+    n_params = sum(p.numel() for p in model.parameters())
+    zoo = {
+        "format": ZOO_FORMAT,
+        "spec": spec.to_dict(),
+        "corpus": {k: len(v) for k, v in data.splits.items()},
+        "overlap_heuristic": {
+            split: {"accuracy": nc.accuracy(heur, exs),
+                    "binary_accuracy": nc.accuracy(heur, exs, binary=True)}
+            for split, exs in data.splits.items()},
+        "n_parameters": n_params,
+        "pretrain": {"final_mlm_loss": float(np.mean(mlm_losses[-20:])), "seconds": t_pre},
+        "seconds_total": time.perf_counter() - t0,
+        "torch_threads": torch.get_num_threads(),
+        "models": records,
+    }
+    (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
+    return zoo
+
+
+# ----------------------------------------------------------------------------
+# reading a zoo back
+
+
+def load_zoo(zoo_dir: str | Path) -> dict:
+    """``zoo.json`` of a trained zoo, checked."""
+    path = Path(zoo_dir) / "zoo.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no zoo at {zoo_dir} (missing zoo.json); run "
+                                "`python -m hideseek.experiments.language_zoo train` first")
+    zoo = json.loads(path.read_text())
+    if zoo.get("format") != ZOO_FORMAT:
+        raise ValueError(f"{path}: zoo format {zoo.get('format')}, expected {ZOO_FORMAT}")
+    return zoo
+
+
+def load_model(zoo_dir: str | Path, name: str, device: str | None = "cpu"):
+    """One fine-tune, in eval mode, on ``device`` (``"auto"``: cuda when available)."""
+    from transformers import BertForSequenceClassification
+
+    path = Path(zoo_dir) / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"no model {name!r} in {zoo_dir}")
+    model = BertForSequenceClassification.from_pretrained(path, local_files_only=True)
+    return model.to(resolve_device(device)).eval()
+
+
+def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, device: str | None = "cpu"):
+    """``[(name, loader)]`` for :func:`hideseek.experiments.zoo.measure_zoo`."""
+    zoo = load_zoo(zoo_dir)
+    names = [m["name"] for m in zoo["models"]] if names is None else list(names)
+    return [(n, (lambda n=n: load_model(zoo_dir, n, device))) for n in names]
+
+
+def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
+                      seed: int = 0) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """The fixed training pairs on which every model's sharpness is measured.
+
+    ``n_points`` pairs drawn without replacement (seeded) from the zoo's training
+    split, in batches of ``batch_size``; padding beyond each batch's longest pair
+    is trimmed.
+    """
+    zoo = load_zoo(zoo_dir)
+    if n_points < 1 or batch_size < 1:
+        raise ValueError("n_points and batch_size must be >= 1")
+    corpus = Path(zoo_dir) / "corpus"
+    train = nc.load_split(corpus / "train.jsonl")
+    if n_points > len(train):
+        raise ValueError(f"n_points={n_points} exceeds the {len(train)} training pairs")
+    if n_points % batch_size:
+        raise ValueError(f"n_points={n_points} is not a multiple of batch_size={batch_size}")
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(len(train), size=n_points, replace=False))
+    tok = nc.make_tokenizer(corpus / "vocab.txt")
+    inputs, labels = nc.encode(tok, [train[i] for i in idx], zoo["spec"]["max_length"])
+    return [(trim({k: v[i:i + batch_size] for k, v in inputs.items()}), labels[i:i + batch_size])
+            for i in range(0, n_points, batch_size)]
+
+
+# ----------------------------------------------------------------------------
+# measuring the zoo (the ``language`` notebook stage)
+
+#: Table 1, row "MNLI" (35 BERT fine-tunes of McCoy et al. 2020).
+PAPER_TAU: dict[str, float] = {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}
+#: Figure 8 (mixed metric): full and without the second-order (Christoffel) step.
+#: Figure 7 (invariant metric) is described only qualitatively in the text.
+PAPER_ABLATION_TAU: dict[str, float] = {"geodesic_mixed": 0.38, "geodesic_mixed_no_christoffel": 0.24,
+                                        "geodesic_invariant": 0.28}
+PAPER_PROTOCOL: dict[str, Any] = {
+    "n_models": 35, "model": "bert-base-uncased (110M parameters), McCoy et al. (2020) fine-tunes",
+    "data": "MNLI", "n_points": 1024, "batch_size": 128, "n_iters": 20,
+}
+
+#: Appendix G ablations, per metric: no-Christoffel (Riemannian norm, straight step)
+#: and Christoffel-only (adaptive norm, second-order geodesic step).
+ABLATION_MEASURES: dict[str, dict[str, Any]] = {
+    f"geodesic_{metric}_{abl}": dict(measure="geodesic", metric=metric, **kw)
+    for metric in ("invariant", "mixed")
+    for abl, kw in (("no_christoffel", dict(norm="riemannian", christoffel=False)),
+                    ("christoffel_only", dict(norm="adaptive", christoffel=True)))
+}
+
+
+@dataclass
+class LanguageResult:
+    """Everything the ``language`` notebook plots."""
+
+    members: Any            # DataFrame: one row per model (errors, gap, seed)
+    frame: Any              # measure_zoo frame of the three measures over their rho grids
+    table: Any              # split-half taus of the three measures
+    curves: Any             # tau vs rho (all models, selection half, evaluation half)
+    halves: dict
+    ablation_frame: Any
+    ablation_table: Any     # split-half taus of the ablations (full measures included)
+    ablation_curves: Any
+    eps_frame: Any
+    eps_table: Any          # tau vs eps at each metric's chosen rho
+    protocol: dict
+    meta: dict
+
+
+def _curves(frame, gaps, halves, n_boot: int, seed: int):
+    import pandas as pd
+
+    from hideseek.experiments.zoo import tau_vs_rho
+
+    parts = [tau_vs_rho(frame, gaps, n_boot=n_boot, seed=seed).assign(models="all")]
+    for half in ("select", "eval"):
+        parts.append(tau_vs_rho(frame, gaps, n_boot=0, seed=seed, models=halves[half]).assign(models=half))
+    return pd.concat(parts, ignore_index=True)
+
+
+def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) -> LanguageResult:
+    """Sharpness of every model of a trained language zoo, and its correlation with the gap.
+
+    ``params`` (the ``language`` section of ``params.yaml``): ``zoo_dir``,
+    ``n_points``, ``batch_size``, ``data_seed`` (which training pairs), ``n_iters``
+    (Auto-PGD), ``seed``, ``rho_grid`` (per measure of
+    :data:`~hideseek.experiments.zoo.STANDARD_MEASURES`), ``ablation_rho_grid``
+    (per measure of :data:`ABLATION_MEASURES`; empty to skip), ``eps`` (the
+    relaxation used everywhere else), ``eps_grid`` (the Figure 9 sweep, at each
+    metric's chosen rho; empty to skip), ``split_seed``, ``n_boot``,
+    ``criterion`` and optionally ``n_models`` (the first n models only).
+    """
+    import pandas as pd
+
+    from hideseek.experiments.correlation import kendall_tau
+    from hideseek.experiments.zoo import STANDARD_MEASURES, measure_zoo, split_half_taus
+
+    p = dict(params)
+    required = ("zoo_dir", "n_points", "batch_size", "n_iters", "rho_grid")
+    missing = [k for k in required if k not in p]
+    if missing:
+        raise KeyError(f"language parameters lack {missing}")
+    zoo_dir = Path(p["zoo_dir"])
+    zoo = load_zoo(zoo_dir)
+    records = zoo["models"][: p.get("n_models") or None]
+    members = pd.DataFrame(records).set_index("name")
+    gaps = members["gap"]
+    seed, n_iters = int(p.get("seed", 0)), int(p["n_iters"])
+    n_boot, split_seed = int(p.get("n_boot", 2000)), int(p.get("split_seed", 0))
+    criterion = p.get("criterion", "abs")
+    eps = float(p.get("eps", 0.0))
+    batches = sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)))
+    loaders = model_loaders(zoo_dir, list(members.index), p.get("device", "cpu"))
+    common = {"progress": False}
+    geo = {k: ({**v, "eps": eps} if v["measure"] == "geodesic" else dict(v)) for k, v in STANDARD_MEASURES.items()}
+    seconds: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    frame = measure_zoo(loaders, batches, geo, p["rho_grid"], seed=seed, n_iters=n_iters,
+                        progress=progress, common=common)
+    seconds["main"] = time.perf_counter() - t0
+    table, halves = split_half_taus(frame, gaps, seed=split_seed, n_boot=n_boot, criterion=criterion,
+                                    paper=PAPER_TAU)
+    curves = _curves(frame, gaps, halves, n_boot, seed)
+    chosen = table.set_index("measure")["rho"].to_dict()
+
+    abl_grid = dict(p.get("ablation_rho_grid") or {})
+    ablation_frame = ablation_table = ablation_curves = None
+    if abl_grid:
+        unknown = set(abl_grid) - set(ABLATION_MEASURES)
+        if unknown:
+            raise ValueError(f"unknown ablation measures {sorted(unknown)}; known: {sorted(ABLATION_MEASURES)}")
+        ms = {k: {**ABLATION_MEASURES[k], "eps": eps} for k in abl_grid}
+        t0 = time.perf_counter()
+        af = measure_zoo(loaders, batches, ms, abl_grid, seed=seed, n_iters=n_iters,
+                         progress=progress, common=common)
+        seconds["ablations"] = time.perf_counter() - t0
+        full = frame[frame["measure"].isin(["geodesic_invariant", "geodesic_mixed"])]
+        ablation_frame = pd.concat([full, af], ignore_index=True)
+        ablation_table, _ = split_half_taus(ablation_frame, gaps, seed=split_seed, n_boot=n_boot,
+                                            criterion=criterion, paper=PAPER_ABLATION_TAU)
+        ablation_curves = _curves(ablation_frame, gaps, halves, n_boot, seed)
+
+    eps_grid = [float(e) for e in (p.get("eps_grid") or [])]
+    eps_frame = eps_table = None
+    if eps_grid:
+        ms, grid = {}, {}
+        for metric in ("invariant", "mixed"):
+            for e in eps_grid:
+                if e == eps:
+                    continue  # measured above
+                name = f"geodesic_{metric}@eps={e:g}"
+                ms[name] = dict(measure="geodesic", metric=metric, eps=e)
+                grid[name] = [chosen[f"geodesic_{metric}"]]
+        t0 = time.perf_counter()
+        ef = measure_zoo(loaders, batches, ms, grid, seed=seed, n_iters=n_iters,
+                         progress=progress, common=common) if ms else frame.iloc[:0]
+        seconds["eps_sweep"] = time.perf_counter() - t0
+        rows, parts = [], []
+        for metric in ("invariant", "mixed"):
+            base = f"geodesic_{metric}"
+            rho = chosen[base]
+            for e in sorted(set(eps_grid) | {eps}):
+                if e == eps:
+                    sub = frame[(frame["measure"] == base) & (frame["rho"] == rho)]
+                else:
+                    sub = ef[ef["measure"] == f"{base}@eps={e:g}"]
+                sub = sub.assign(metric=metric, eps=e)
+                parts.append(sub)
+                vals = sub.set_index("model")["value"].reindex(members.index)
+                ev = halves["eval"]
+                t_ev = kendall_tau(vals.loc[ev].to_numpy(), gaps.loc[ev].to_numpy(), n_boot=n_boot, seed=seed)
+                t_all = kendall_tau(vals.to_numpy(), gaps.to_numpy(), n_boot=n_boot, seed=seed)
+                rows.append(dict(metric=metric, eps=e, rho=rho, tau=t_ev.tau, ci_low=t_ev.ci_low,
+                                 ci_high=t_ev.ci_high, tau_all=t_all.tau, ci_low_all=t_all.ci_low,
+                                 ci_high_all=t_all.ci_high, median_value=float(vals.median())))
+        eps_frame = pd.concat(parts, ignore_index=True)
+        eps_table = pd.DataFrame(rows)
+
+    n_params = zoo["n_parameters"]
+    protocol = {
+        "n_models": len(members), "n_points": int(p["n_points"]), "batch_size": int(p["batch_size"]),
+        "n_batches": len(batches), "n_iters": n_iters, "seed": seed, "data_seed": int(p.get("data_seed", 0)),
+        "split_seed": split_seed, "n_boot": n_boot, "criterion": criterion, "eps": eps,
+        "rho_grid": p["rho_grid"], "ablation_rho_grid": abl_grid, "eps_grid": eps_grid,
+        "n_parameters": n_params, "model": zoo["spec"]["model"], "seconds": seconds,
+        "seconds_per_measure": frame.groupby("measure")["seconds"].agg(["mean", "sum"]).to_dict("index"),
+    }
+    meta = {k: v for k, v in zoo.items() if k != "models"}
+    return LanguageResult(members, frame, table, curves, halves, ablation_frame, ablation_table,
+                          ablation_curves, eps_frame, eps_table, protocol, meta)
+
+
+# ----------------------------------------------------------------------------
+# command line
+
+
+def _set_nested(d: dict, dotted: str, value: str) -> None:
+    import yaml
+
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+    d[keys[-1]] = yaml.safe_load(value)
+
+
+def read_params(params_file: str | Path, profile: str | None, section: str = "language_train") -> tuple[str, dict]:
+    import yaml
+
+    params = yaml.safe_load(Path(params_file).read_text())
+    profile = profile or params.get("profile", "cpu")
+    if section not in params:
+        raise KeyError(f"{params_file} has no section {section!r}")
+    if profile not in params[section]:
+        raise KeyError(f"{params_file}: section {section!r} has no profile {profile!r}")
+    return profile, dict(params[section][profile] or {})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from hideseek.utils import set_threads
+
+    ap = argparse.ArgumentParser(prog="python -m hideseek.experiments.language_zoo",
+                                 description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("train", help="pre-train once and fine-tune the zoo")
+    tr.add_argument("--out", default="data/zoos/language")
+    tr.add_argument("--profile", default=None, help="profile in params.yaml (default: its `profile`)")
+    tr.add_argument("--params", default="params.yaml")
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a setting, e.g. finetune.n_models=3")
+    args = ap.parse_args(argv)
+    if args.cmd == "train":
+        profile, d = read_params(args.params, args.profile)
+        for kv in args.set:
+            if "=" not in kv:
+                ap.error(f"--set expects KEY=VALUE, got {kv!r}")
+            k, v = kv.split("=", 1)
+            _set_nested(d, k, v)
+        spec = ZooSpec.from_dict(d)
+        threads = set_threads()
+        print(f"language zoo, profile {profile!r}, {threads} threads -> {args.out}")
+        zoo = train_zoo(spec, args.out)
+        gaps = [m["gap"] for m in zoo["models"]]
+        print(f"{len(gaps)} models in {zoo['seconds_total']:.0f} s; gap from {min(gaps):.3f} "
+              f"to {max(gaps):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
