@@ -34,6 +34,7 @@ def test_language_notebook_runs_and_publishes(tmp_path):
             "fig8_tau_vs_rho_mixed.png"} <= figs
     metrics = json.loads(res.metrics.read_text())
     assert metrics["profile"] == "cpu" and metrics["table1_row"] == "MNLI"
+    assert metrics["table1"]["row"] == "language" and metrics["table1"]["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
     assert set(metrics["tau"]) == {"adaptive", "geodesic_invariant", "geodesic_mixed"}
     assert metrics["paper_tau"] == {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}
     assert set(metrics["ablations"]) == {"geodesic_invariant", "geodesic_mixed", *lz.ABLATION_MEASURES}

@@ -668,8 +668,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ap.error(f"--set expects KEY=VALUE, got {kv!r}")
             k, v = kv.split("=", 1)
             _set_nested(d, k, v)
+        threads = set_threads(d.pop("threads", None))
         spec = ZooSpec.from_dict(d)
-        threads = set_threads()
         print(f"language zoo, profile {profile!r}, {threads} threads -> {args.out}")
         zoo = train_zoo(spec, args.out)
         gaps = [m["gap"] for m in zoo["models"]]
