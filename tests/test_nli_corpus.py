@@ -93,7 +93,7 @@ def test_clause_rejects_bad_forms():
 def test_template_labels_follow_from_meaning(template):
     t = nc.TEMPLATE[template]
     rng = random.Random(f"test-{template}")
-    for _ in range(60):
+    for _ in range(40):
         p, h = t.build(rng)
         assert label(p, h) == t.label, (template, nc.realise(p), nc.realise(h))
 
