@@ -174,7 +174,7 @@ def train_networks(
     restarts = np.zeros(N, int)
     done = np.zeros(N, bool)
     failed = np.zeros(N, bool)
-    bar = tqdm(total=N, desc="training diagonal nets", disable=not progress, leave=False)
+    bar = tqdm(total=N, desc="training diagonal nets", disable=not progress, leave=False, mininterval=10)
     step = 0
     errstate = np.errstate(over="ignore", invalid="ignore")
     errstate.__enter__()
@@ -634,7 +634,7 @@ def _run(params: Mapping[str, Any], *, progress: bool = True) -> dict[str, Any]:
     rows = []
     t1 = time.perf_counter()
     it = [(k, r) for k in range(len(beta)) for r in rhos]
-    for k, r in tqdm(it, desc="reference sharpness", disable=not progress, leave=False):
+    for k, r in tqdm(it, desc="reference sharpness", disable=not progress, leave=False, mininterval=10):
         vals = exact_sharpness(problem, beta[k], r, seed=k)
         for m, val in vals.items():
             rows.append({"net": k, "rho": r, "measure": m, "method": "exact", "sharpness": val})
@@ -650,7 +650,7 @@ def _run(params: Mapping[str, Any], *, progress: bool = True) -> dict[str, Any]:
             jobs.append(("engine_exact_step", "geodesic_invariant", {"christoffel": "exact"}))
         it = [(k, r, job) for k in range(len(beta)) for r in e_rhos for job in jobs]
         for k, r, (method, m, extra) in tqdm(it, desc="engine sharpness", disable=not progress,
-                                              leave=False):
+                                              leave=False, mininterval=10):
             val = engine_sharpness(problem, tr["u"][k], tr["v"][k], r, m,
                                    n_iters=int(p.get("engine_n_iters", 20)), seed=k, **extra)
             rows.append({"net": k, "rho": r, "measure": m, "method": method, "sharpness": val})

@@ -1,0 +1,69 @@
+"""Execute the toy and diagonal notebooks through the pipeline with tiny parameters,
+and assemble Table 1 from their metrics."""
+import csv
+import json
+
+import pytest
+
+from hideseek.experiments import table1
+from hideseek.pipeline import run_stage
+
+TINY = {
+    "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant"},
+    "diagonal": {"n": 15, "d": 30, "kappa": 2, "seed": 0, "n_nets": 6, "alpha_range": [0.02, 1.5],
+                 "lr_factor_range": [0.5, 2.0], "batch_sizes": [5, 15], "stop_loss": 1e-4,
+                 "max_steps": 40000, "rho": 0.1, "rhos": [0.03, 0.1], "n_boot": 50, "engine": True,
+                 "engine_n_iters": 5, "engine_rhos": [0.1], "engine_exact_invariant": False},
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports")
+    for stage, params in TINY.items():
+        run_stage(stage, params=params, reports_dir=out, progress_bar=False)
+    return out
+
+
+@pytest.mark.slow
+def test_toy_notebook(reports):
+    m = json.loads((reports / "metrics" / "toy.json").read_text())
+    assert m["stage"] == "toy" and m["profile"] == "cpu"
+    assert m["claims"]["a_level_sets_follow_loss"] is True
+    for name in ("fig1_toy_gradients", "fig6_toy_hessian"):
+        for ext in ("png", "pdf"):
+            assert (reports / "figures" / "toy" / f"{name}.{ext}").stat().st_size > 1000
+    assert (reports / "notebooks" / "toy.ipynb").is_file()
+
+
+@pytest.mark.slow
+def test_diagonal_notebook_and_table1(reports, tmp_path):
+    m = json.loads((reports / "metrics" / "diagonal.json").read_text())
+    assert m["setting"]["n_nets"] == 6 and m["setting"]["n"] == 15
+    for src in ("tau_exact", "tau_engine"):
+        assert set(m[src]) == {"adaptive", "geodesic_invariant", "geodesic_mixed"}
+        for v in m[src].values():
+            assert -1 <= v["ci_low"] <= v["tau"] <= v["ci_high"] <= 1 or v["n"] < 3
+    for name in ("fig3_diagonal", "diagonal_tau_vs_rho", "diagonal_engine_vs_exact"):
+        assert (reports / "figures" / "diagonal" / f"{name}.png").is_file()
+    assert (reports / "data" / "diagonal" / "networks.csv").is_file()
+
+    md, csv_path = table1.write(reports / "metrics", tmp_path)
+    text = md.read_text()
+    assert "-0.68" in text and "-0.83" in text and "+0.38" in text       # paper values
+    assert text.count(table1.NOT_COMPUTED) == 6                           # vision + language rows
+    rows = list(csv.DictReader(csv_path.open()))
+    ours = [r for r in rows if r["row"] == "diagonal" and r["source"] == "ours"]
+    assert len(ours) == 2 and all(r["profile"] == "cpu" for r in ours)
+    assert float(ours[0]["adaptive"]) == pytest.approx(m["tau_exact"]["adaptive"]["tau"])
+    assert [r["row"] for r in rows if r["source"] == "paper"] == ["diagonal", "vision", "language"]
+
+
+def test_table1_without_any_metrics(tmp_path):
+    md, csv_path = table1.write(tmp_path / "nothing", tmp_path)
+    assert md.read_text().count(table1.NOT_COMPUTED) == 9
+    bad = tmp_path / "m"
+    bad.mkdir()
+    (bad / "x.json").write_text(json.dumps({"table1": {"row": "diagonal", "tau": {"adaptive": 0.1}}}))
+    with pytest.raises(ValueError, match="lacks tau"):
+        table1.build(bad)
