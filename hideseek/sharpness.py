@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -61,6 +62,8 @@ class SharpnessResult:
     seconds: float
     n_perturbed: int = 0
     pairs: list[dict] = field(default_factory=list)
+    #: largest ‖½γ̈(0)‖/‖ξ‖ over pairs at the maximiser of each batch (second-order steps only)
+    correction_ratio: list[float] = field(default_factory=list)
     solver: list[SolverResult] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,7 +279,7 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
     geom = ProductGeometry(params, blocks, metric=metric, eps=eps, norm=norm,
                            christoffel=christoffel, p=p)
 
-    values, bases, solver_results = [], [], []
+    values, bases, solver_results, ratios = [], [], [], []
     iterator = data
     if progress:
         from tqdm.auto import tqdm
@@ -307,6 +310,15 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         values.append(res.value)
         bases.append(res.f0)
         solver_results.append(res)
+        if blocks and christoffel is True and res.best:
+            ratios.append(geom.correction_ratio(res.best))
+    if ratios and max(ratios) > 0.5:
+        warnings.warn(
+            f"the second-order geodesic correction is large at rho={rho}: ‖½Γ(ξ,ξ)‖/‖ξ‖ reaches "
+            f"{max(ratios):.3g} on some pair (near-zero or nearly rank-deficient weights allow huge "
+            "relative steps). The second-order approximation of the geodesic is unreliable there; "
+            "use a smaller rho, eps > 0, or christoffel='exact' where available.", RuntimeWarning,
+            stacklevel=2)
 
     config = dict(measure=measure, metric=metric if measure == "geodesic" else None, rho=rho,
                   n_iters=n_iters, norm=norm, christoffel=christoffel, eps=eps, seed=seed, p=p,
@@ -315,4 +327,5 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         value=sum(values) / len(values), per_batch=values, base_losses=bases,
         name=_name(measure, metric, p, kind, norm, christoffel), config=config,
         seconds=time.perf_counter() - t_start, n_perturbed=geom.dimension(),
-        pairs=[d for b in blocks for d in b.describe()], solver=solver_results)
+        pairs=[d for b in blocks for d in b.describe()], correction_ratio=ratios,
+        solver=solver_results)

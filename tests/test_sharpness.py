@@ -275,3 +275,30 @@ def test_nondeterministic_model_is_caught():
     with pytest.raises(hs.SharpnessInputError, match="not deterministic"):
         hs.sharpness(Noisy().eval(), [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))],
                      measure="adaptive", **FAST)
+
+
+def test_large_second_order_correction_is_reported():
+    """A diagonal network with a near-zero coordinate: the mixed metric allows a huge
+    relative step there and the second-order step overshoots; the user is warned."""
+    class Diag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.u = nn.Parameter(torch.tensor([1.0, 1e-3, 0.8], dtype=torch.float64))
+            self.v = nn.Parameter(torch.tensor([0.5, 1e-3, 1.2], dtype=torch.float64))
+
+        def forward(self, x):
+            return x @ (self.u * self.v)
+
+    X = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = X @ torch.tensor([0.5, 0.0, 0.96], dtype=torch.float64)
+    mse = lambda out, t: ((out - t) ** 2).mean()  # noqa: E731
+    kw = dict(measure="geodesic", metric="mixed", pairs=[hs.DiagonalPair("u", "v")], loss_fn=mse,
+              n_iters=5, progress=False)
+    with pytest.warns(RuntimeWarning, match="second-order geodesic correction is large"):
+        big = hs.sharpness(Diag().eval(), [(X, y)], rho=0.1, **kw)
+    assert max(big.correction_ratio) > 0.5
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        small = hs.sharpness(Diag().eval(), [(X, y)], rho=1e-8, **kw)
+    assert max(small.correction_ratio) < 0.5

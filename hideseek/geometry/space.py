@@ -133,6 +133,21 @@ class ProductGeometry:
             out[name] = t + xi
         return out
 
+    def correction_ratio(self, x: Tangent) -> float:
+        """Largest ``‖½ γ̈(0)‖ / ‖ξ‖`` (Frobenius, per pair) over all pairs: how far the
+        second-order step bends away from the straight one.  Values near or above 1 mean the
+        radius is too large for the second-order geodesic approximation to be trusted."""
+        pair_x, _ = self._split(x)
+        worst = 0.0
+        for pg, (xG, xH) in zip(self.pairs, pair_x):
+            aG, aH = pg.acceleration(xG, xH)
+            num = 0.5 * (aG.square().sum((-1, -2)) + aH.square().sum((-1, -2))).sqrt()
+            den = (xG.square().sum((-1, -2)) + xH.square().sum((-1, -2))).sqrt()
+            ok = den > 0
+            if bool(ok.any()):
+                worst = max(worst, float((num[ok] / den[ok]).max()))
+        return worst
+
     # ------------------------------------------------------------------ metric
     def sqnorm(self, x: Tangent) -> Tensor:
         """Squared norm of the whole perturbation (sum over all parts; ℓ2 only)."""
