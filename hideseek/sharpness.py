@@ -247,7 +247,7 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
             functional_call(model, params, (), x)
         return loss_fn(out, y)
 
-    leaves = {n: t.clone().requires_grad_(True) for n, t in all_params.items()
+    leaves = {n: t.detach().requires_grad_(True) for n, t in all_params.items()
               if not any(n == e or n.startswith(e.rstrip(".") + ".") for e in exclude)}
     with torch.enable_grad():
         loss0 = run(leaves, x0, y0)
@@ -255,6 +255,7 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
             raise SharpnessInputError("loss_fn must return a scalar tensor")
         grads = torch.autograd.grad(loss0, list(leaves.values()), allow_unused=True)
     used = {n for (n, _), g in zip(leaves.items(), grads) if g is not None}
+    del grads   # a model's worth of memory each; not needed past this point
     if checks:
         with torch.enable_grad():   # same kernels as the first pass (no inference fast path)
             again = run(leaves, x0, y0).detach()
@@ -264,6 +265,7 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
                 f"({float(loss0.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
                 "another random layer still active?). Sharpness needs a deterministic loss.")
 
+    del leaves, loss0
     blocks: list[SymmetryBlock] = []
     if measure == "geodesic":
         found = find_symmetries(model, on_unsupported=on_unsupported)

@@ -121,37 +121,3 @@ def test_task_validation(kw, msg):
 def test_seq_len_beyond_positions_is_refused():
     with pytest.raises(ValueError, match="max_position_embeddings"):
         bench.run_task(_task("floor", seq_len=10_000))
-
-
-# ------------------------------------------------------------- speed-up prototypes
-@pytest.mark.parametrize("metric", ["invariant", "mixed"])
-@pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_reassociated_pair_ops_equal_the_library(metric, eps):
-    from benchmarks import speedups
-    from hideseek.geometry.gl import PairGeometry
-    g = torch.Generator().manual_seed(3)
-    G, H = (torch.randn(4, n, 3, generator=g, dtype=torch.float64) for n in (8, 6))
-    xG, xH = (torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (G, H))
-    pg = PairGeometry(G, H, metric, eps)
-    ref = pg.project(xG, xH) + pg.acceleration(xG, xH)
-    with speedups.patched():
-        new = pg.project(xG, xH) + pg.acceleration(xG, xH)
-    for a, b in zip(ref, new):
-        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
-    assert PairGeometry.project(pg, xG, xH)[0] is not None  # restored and callable
-
-
-@pytest.mark.parametrize("measure", ["m_apgd_l2", "geodesic"])
-def test_patched_sharpness_equals_the_library(measure):
-    from benchmarks import speedups
-    from hideseek.geometry.space import ProductGeometry
-    torch.set_num_threads(1)
-    model = build("tiny-bert").double()
-    batches = make_batches(MODELS["tiny-bert"], 3, 1, 5)
-    before = ProductGeometry.ball
-    ref = hs.sharpness(model, batches, measure=measure, rho=0.1, n_iters=4, progress=False)
-    with speedups.patched():
-        new = hs.sharpness(model, batches, measure=measure, rho=0.1, n_iters=4, progress=False)
-    assert ProductGeometry.ball is before
-    assert new.value == pytest.approx(ref.value, rel=1e-9, abs=1e-12)
-    assert new.solver[0].history == pytest.approx(ref.solver[0].history, rel=1e-9)

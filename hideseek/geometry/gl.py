@@ -153,9 +153,10 @@ class PairGeometry:
         """Orthogonal (in the metric) projection onto the horizontal space."""
         if self.metric == "invariant":
             # X = Λᵀ solves (S̃_G S_H) X + X (S_G S̃_H) = ξ_Gᵀ G S̃_H − S̃_G Hᵀ ξ_H.
-            Y = (self._VAi @ _t(xG) @ self._Gp - _t(self._Hp) @ xH @ self._VB) * self._inv_denom
+            # (products ordered so that every n×h factor meets an h×h one)
+            Y = (self._VAi @ (_t(xG) @ self._Gp) - (_t(self._Hp) @ xH) @ self._VB) * self._inv_denom
             # ξ_G − G Xᵀ = ξ_G − G V_B⁻ᵀ Yᵀ V_Aᵀ ;  ξ_H + H X = ξ_H + H V_A Y V_B⁻¹
-            return xG - self._GVBit @ _t(Y) @ self._VAt, xH + self._HVA @ Y @ self._VBi
+            return xG - self._GVBit @ (_t(Y) @ self._VAt), xH + self._HVA @ (Y @ self._VBi)
         # mixed: X = Λᵀ = ½ (ξ_Gᵀ G S̃_G⁻¹ − S̃_H⁻¹ Hᵀ ξ_H), explicit.
         X = 0.5 * (_t(xG) @ self._GSGi - _t(self._HSHi) @ xH)
         return xG - self.G @ _t(X), xH + self.H @ X
@@ -173,12 +174,14 @@ class PairGeometry:
     def acceleration(self, xG: Tensor, xH: Tensor) -> tuple[Tensor, Tensor]:
         """Geodesic acceleration ``γ̈(0) = −Γ(ξ, ξ)`` for initial velocity ξ."""
         G, H = self.G, self.H
+        # h×h pieces first: M = ξ_Gᵀ G (so Gᵀ ξ_G = Mᵀ), N = ξ_Hᵀ H
+        M, N = _t(xG) @ G, _t(xH) @ H
         if self.metric == "invariant":
-            aG = xG @ self.SGi @ (_t(xG) @ G + _t(G) @ xG) - G @ self.SGi @ (_t(xG) @ xG)
-            aH = xH @ self.SHi @ (_t(xH) @ H + _t(H) @ xH) - H @ self.SHi @ (_t(xH) @ xH)
+            aG = xG @ (self.SGi @ (M + _t(M))) - G @ (self.SGi @ (_t(xG) @ xG))
+            aH = xH @ (self.SHi @ (N + _t(N))) - H @ (self.SHi @ (_t(xH) @ xH))
             return aG, aH
-        aG = (G @ (_t(xH) @ xH) - xG @ (_t(xH) @ H + _t(H) @ xH)) @ self.SHi
-        aH = (H @ (_t(xG) @ xG) - xH @ (_t(xG) @ G + _t(G) @ xG)) @ self.SGi
+        aG = G @ ((_t(xH) @ xH) @ self.SHi) - xG @ ((N + _t(N)) @ self.SHi)
+        aH = H @ ((_t(xG) @ xG) @ self.SGi) - xH @ ((M + _t(M)) @ self.SGi)
         return aG, aH
 
     def step(self, xG: Tensor, xH: Tensor, christoffel: bool | str = True,

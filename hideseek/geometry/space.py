@@ -76,6 +76,10 @@ class ProductGeometry:
         self.free_names = [n for n in params if n not in set(owned)]
         self.theta_free = [params[n].detach() for n in self.free_names]
         self.c_free = [t.abs() for t in self.theta_free]
+        # exact zeros (vanishing adaptive scale) are rare: remember where, handle them apart
+        self._zero = [bool((c == 0).any()) for c in self.c_free]
+        self._nz = [i for i, z in enumerate(self._zero) if not z]
+        self._z = [i for i, z in enumerate(self._zero) if z]
 
         # Stack pair groups of equal shape over blocks.
         stacks: dict[tuple, list[tuple[Tensor, Tensor]]] = {}
@@ -152,16 +156,22 @@ class ProductGeometry:
     def sqnorm(self, x: Tangent) -> Tensor:
         """Squared norm of the whole perturbation (sum over all parts; ℓ2 only)."""
         pair_x, free_x = self._split(x)
-        total = torch.zeros((), dtype=self.dtype, device=self.device)
+        parts = []
         for i, (pg, (xG, xH)) in enumerate(zip(self.pairs, pair_x)):
             if self.norm == "riemannian":
-                total = total + pg.sqnorm(xG, xH).sum()
+                parts.append(pg.sqnorm(xG, xH).sum())
             else:
                 cG, cH = self.c_pairs[i]
-                total = total + (xG / cG).square().sum() + (xH / cH).square().sum()
-        for xi, c in zip(free_x, self.c_free):
-            total = total + torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0).square().sum()
-        return total
+                parts.append((xG / cG).square().sum() + (xH / cH).square().sum())
+        if self._nz:   # one fused division and one fused norm over the tensors without zeros
+            q = torch._foreach_div([free_x[i] for i in self._nz], [self.c_free[i] for i in self._nz])
+            parts += [n.square() for n in torch._foreach_norm(q)]
+        for i in self._z:
+            c = self.c_free[i]
+            parts.append(torch.where(c > 0, free_x[i] / torch.where(c > 0, c, 1), 0).square().sum())
+        if not parts:
+            return torch.zeros((), dtype=self.dtype, device=self.device)
+        return torch.stack(parts).sum()
 
     def norm_of(self, x: Tangent) -> Tensor:
         if self.p == "linf":
@@ -177,7 +187,8 @@ class ProductGeometry:
         out = []
         for pg, (xG, xH) in zip(self.pairs, pair_x):
             out += list(pg.project(xG, xH))
-        return out + [torch.where(c > 0, xi, 0) for xi, c in zip(free_x, self.c_free)]
+        return out + [torch.where(c > 0, xi, 0) if z else xi
+                      for xi, c, z in zip(free_x, self.c_free, self._zero)]
 
     def rgrad(self, egrad: Tangent) -> Tangent:
         """Steepest-ascent direction for the chosen norm (not normalised), horizontal."""
@@ -189,7 +200,11 @@ class ProductGeometry:
             else:
                 cG, cH = self.c_pairs[i]
                 out += list(pg.project(cG.square() * gG, cH.square() * gH))
-        return out + [c.square() * g for g, c in zip(free_g, self.c_free)]
+        if free_g:
+            r = list(torch._foreach_mul(free_g, self.c_free))
+            torch._foreach_mul_(r, self.c_free)
+            out += r
+        return out
 
     def direction(self, egrad: Tangent) -> Tangent:
         """Unit steepest-ascent direction (ℓ2: ``grad/‖grad‖``; ℓ∞: ``sign(g) ⊙ |θ|``)."""
@@ -198,7 +213,7 @@ class ProductGeometry:
         r = self.rgrad(egrad)
         n = self.sqnorm(r).sqrt()
         n = torch.where(n > 0, n, torch.ones_like(n))
-        return [t / n for t in r]
+        return list(torch._foreach_div(r, n))
 
     def ball(self, x: Tangent, rho: float, project: bool = True) -> Tangent:
         """Projection onto ``{allowed, ‖ξ‖ ≤ ρ}`` (exact for the metric norm and for ℓ∞).
@@ -211,7 +226,7 @@ class ProductGeometry:
             x = self.project(x)
         n = self.sqnorm(x).sqrt()
         scale = torch.where(n > rho, rho / n, torch.ones_like(n))
-        return [t * scale for t in x]
+        return list(torch._foreach_mul(x, scale))
 
     def random_direction(self, generator: torch.Generator) -> Tangent:
         """A direction drawn uniformly from the unit sphere of the allowed subspace

@@ -42,10 +42,6 @@ class SolverResult:
     stop_reason: str = "max_iters"
 
 
-def _axpby(a: float | Tensor, x, b: float | Tensor, y):
-    return [a * xi + b * yi for xi, yi in zip(x, y)]
-
-
 def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
          f0: float | None = None, x0: list[Tensor] | None = None, alpha: float = 0.75,
          rho_frac: float = 0.75) -> SolverResult:
@@ -77,12 +73,15 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
         # x, x_prev and the direction d are allowed (horizontal) vectors, so are their
         # combinations: only the radial part of the ball projection is needed.
         d = geometry.direction(g)
-        z = geometry.ball(_axpby(1.0, x, eta, d), rho, project=False)
+        z = geometry.ball(list(torch._foreach_add(x, d, alpha=eta)), rho, project=False)
         if k == 0:
             x_new = z
         else:
-            x_new = geometry.ball([xi + alpha * (zi - xi) + (1 - alpha) * (xi - pi)
-                                   for xi, zi, pi in zip(x, z, x_prev)], rho, project=False)
+            # x + α(z − x) + (1 − α)(x − x_prev) = (2 − 2α) x + α z − (1 − α) x_prev
+            m = list(torch._foreach_mul(x, 2.0 - 2.0 * alpha))
+            torch._foreach_add_(m, z, alpha=alpha)
+            torch._foreach_add_(m, x_prev, alpha=-(1.0 - alpha))
+            x_new = geometry.ball(m, rho, project=False)
         f_new, g_new = objective(x_new)
         fv = float(f_new)     # the one host sync per iteration the schedule needs
         history.append(fv)
