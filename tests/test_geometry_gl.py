@@ -9,7 +9,16 @@ from hideseek.reference import (christoffel_contraction, christoffel_symbols, ge
                                 taylor_remainder_slope)
 from hideseek.symmetries.action import random_gl
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """Every tensor these tests create is float64 (restored afterwards for other modules)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
 METRICS = ["invariant", "mixed"]
 SHAPES = [(5, 4, 2), (6, 3, 3), (4, 4, 1)]
 
