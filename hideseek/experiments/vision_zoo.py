@@ -354,6 +354,10 @@ def load_zoo(path: str | Path, device: str = "cpu") -> tuple[dict, list[tuple[st
                                 f"(python -m hideseek.experiments.vision_zoo train --out {path})")
     with open(meta_file) as fh:
         meta = json.load(fh)
+    if meta.get("kind") == "clip_soups":  # the paper's model-soups CLIP fine-tunes (profile paper)
+        from hideseek.experiments.paper_zoos import clip_soups_loaders
+
+        return meta, clip_soups_loaders(meta, device)
 
     def loader(file: Path):
         def load() -> DigitsViT:
@@ -377,7 +381,7 @@ def members_frame(meta: Mapping[str, Any]):
     rows = []
     for m in meta["members"]:
         row = {k: v for k, v in m.items() if k != "hparams"}
-        row.update(m["hparams"])
+        row.update(m.get("hparams", {}))
         rows.append(row)
     return pd.DataFrame(rows).set_index("name")
 
@@ -422,10 +426,17 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
     set_threads(params.get("threads"))
     meta, models = load_zoo(params["zoo_dir"], device=str(params.get("device", "cpu")))
     n_images, batch_size = int(params["n_images"]), int(params["batch_size"])
-    if n_images > meta["n_sharpness"]:
+    if meta.get("kind") == "clip_soups":  # the paper's zoo: ImageNet images of the 98 % training split
+        from hideseek.experiments.paper_zoos import clip_soups_sharpness_batches
+
+        batches = clip_soups_sharpness_batches(meta, n_images, batch_size, int(params.get("data_seed", 0)))
+        n_parameters = int(meta["n_parameters"])
+    elif n_images > meta["n_sharpness"]:
         raise ValueError(f"n_images={n_images} exceeds the zoo's sharpness set of {meta['n_sharpness']} images "
                          "(the images that are in every member's training subset); retrain with a larger n_sharpness")
-    batches = sharpness_batches(zoo_data(meta), n_images, batch_size)
+    else:
+        batches = sharpness_batches(zoo_data(meta), n_images, batch_size)
+        n_parameters = sum(p.numel() for p in DigitsViT(**meta["model"]).parameters())
     names = params.get("measures") or list(STANDARD_MEASURES)
     unknown = [n for n in names if n not in STANDARD_MEASURES]
     if unknown:
@@ -450,7 +461,7 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
     timing = frame.groupby("measure", sort=False)["seconds"].agg(["mean", "sum"]).to_dict(orient="index")
     protocol = dict(n_models=len(members), n_images=n_images, batch_size=batch_size, n_batches=len(batches),
                     n_iters=int(params["n_iters"]), rho_grid=grid, seed=int(params["seed"]), split_seed=split_seed,
-                    n_boot=n_boot, n_parameters=sum(p.numel() for p in DigitsViT(**meta["model"]).parameters()),
+                    n_boot=n_boot, n_parameters=n_parameters,
                     model=meta["model"], seconds=seconds, seconds_per_measure=timing)
     return VisionResults(members, frame, curves, table, halves, protocol, meta)
 
@@ -476,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     if not params:
         parser.error(f"{args.params} has no {STAGE}.{profile} section")
     params = apply_overrides(params, parse_overrides(args.overrides))
+    if params.get("source") == "clip_soups":  # profile paper: describe the model-soups release, train nothing
+        from hideseek.experiments.paper_zoos import cli_build
+
+        return cli_build("clip_soups", args.out, params, progress=not args.no_progress)
     meta = train_zoo(args.out, params, progress=not args.no_progress)
     gaps = [m["gap"] for m in meta["members"]]
     print(f"trained {len(gaps)} models ({profile} profile) into {args.out} in {meta['seconds']:.0f} s; "
