@@ -16,8 +16,10 @@ measure                ball / norm                         step ``γ_ξ(1)``
                        adaptive ℓ2 elsewhere
 =====================  ==================================  ==========================
 
-Ablation switches (paper Appendix G): ``norm="adaptive"`` (Christoffel-only),
-``christoffel=False`` (no-Christoffel, the "norm-only" ablation), ``eps`` (Appendix H.2).
+Ablation switches (paper Appendix G): ``norm="adaptive"`` (Christoffel-only: adaptive
+sharpness's elementwise ball, no horizontal restriction, second-order geodesic step of the
+metric), ``christoffel=False`` (no-Christoffel, the "norm-only" ablation: Riemannian ball,
+straight step), ``eps`` (Appendix H.2).
 """
 from __future__ import annotations
 

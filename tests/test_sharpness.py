@@ -302,3 +302,20 @@ def test_large_second_order_correction_is_reported():
         w.simplefilter("error")
         small = hs.sharpness(Diag().eval(), [(X, y)], rho=1e-8, **kw)
     assert max(small.correction_ratio) < 0.5
+
+
+def test_christoffel_only_ball_contains_the_free_parameter_ball(bert_and_moved):
+    """The Christoffel-only ball (adaptive norm on every parameter) contains every
+    perturbation that leaves the pairs alone, so its worst case is at least the adaptive
+    sharpness with the pair parameters excluded (up to the solver; the same budget)."""
+    model, _, batches = bert_and_moved
+    paired = [n for b in find_symmetries(model) for n in b.param_names]
+    kw = dict(rho=0.1, n_iters=10, progress=False)
+    free_only = hs.sharpness(model, batches, measure="adaptive", exclude=paired, **kw).value
+    for metric in ("invariant", "mixed"):
+        co = hs.sharpness(model, batches, metric=metric, norm="adaptive", **kw).value
+        assert co >= 0.9 * free_only, (metric, co, free_only)
+    # with a straight step the ablation is exactly adaptive ℓ2 sharpness
+    straight = hs.sharpness(model, batches, norm="adaptive", christoffel=False, **kw).value
+    adaptive = hs.sharpness(model, batches, measure="adaptive", **kw).value
+    assert straight == pytest.approx(adaptive, rel=1e-9)

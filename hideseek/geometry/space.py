@@ -47,8 +47,13 @@ class ProductGeometry:
     metric, eps:
         Pair metric (``"invariant"`` or ``"mixed"``) and ε relaxation.
     norm:
-        ``"riemannian"``: the pair metric; ``"adaptive"``: elementwise ``‖ξ ⊘ |θ|‖₂`` on the
-        pairs too (the Christoffel-only ablation), still restricted to horizontal vectors.
+        ``"riemannian"``: the pair metric, perturbations of the pairs restricted to the
+        horizontal space; ``"adaptive"``: the elementwise ``‖ξ ⊘ |θ|‖₂`` ball on every
+        parameter with no horizontal restriction — adaptive sharpness's own ball — while the
+        step can still follow the metric's geodesic (the Christoffel-only ablation).  The
+        horizontal space is orthogonal to the orbits in the *metric*, not in the adaptive
+        inner product, so restricting the adaptive ball to it would make the ball projection
+        oblique and the search degenerate; the ablation therefore isolates the step alone.
     christoffel:
         ``True`` second-order geodesic step, ``False`` straight step, ``"exact"`` closed-form
         geodesics (invariant metric, h = 1, ε = 0).
@@ -186,12 +191,14 @@ class ProductGeometry:
         pair_x, free_x = self._split(x)
         out = []
         for pg, (xG, xH) in zip(self.pairs, pair_x):
-            out += list(pg.project(xG, xH))
+            # with the adaptive norm the pair parts are free (see the class docstring)
+            out += list(pg.project(xG, xH)) if self.norm == "riemannian" else [xG, xH]
         return out + [torch.where(c > 0, xi, 0) if z else xi
                       for xi, c, z in zip(free_x, self.c_free, self._zero)]
 
     def rgrad(self, egrad: Tangent) -> Tangent:
-        """Steepest-ascent direction for the chosen norm (not normalised), horizontal."""
+        """Steepest-ascent direction for the chosen norm (not normalised), in the allowed
+        subspace (horizontal pair parts for the Riemannian norm)."""
         pair_g, free_g = self._split(egrad)
         out = []
         for i, (pg, (gG, gH)) in enumerate(zip(self.pairs, pair_g)):
@@ -199,7 +206,7 @@ class ProductGeometry:
                 out += list(pg.egrad_to_rgrad(gG, gH))
             else:
                 cG, cH = self.c_pairs[i]
-                out += list(pg.project(cG.square() * gG, cH.square() * gH))
+                out += [cG.square() * gG, cH.square() * gH]
         if free_g:
             r = list(torch._foreach_mul(free_g, self.c_free))
             torch._foreach_mul_(r, self.c_free)
