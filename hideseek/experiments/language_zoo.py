@@ -418,6 +418,11 @@ def load_model(zoo_dir: str | Path, name: str, device: str | None = "cpu"):
     """One fine-tune, in eval mode, on ``device`` (``"auto"``: cuda when available)."""
     from transformers import BertForSequenceClassification
 
+    zoo = load_zoo(zoo_dir)
+    if zoo.get("kind") == "mccoy_bert":  # profile paper: McCoy et al.'s TF checkpoints, converted here
+        from hideseek.experiments.paper_zoos import mccoy_loaders
+
+        return mccoy_loaders(zoo, [name], device)[0][1]()
     path = Path(zoo_dir) / name
     if not path.is_dir():
         raise FileNotFoundError(f"no model {name!r} in {zoo_dir}")
@@ -428,6 +433,10 @@ def load_model(zoo_dir: str | Path, name: str, device: str | None = "cpu"):
 def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, device: str | None = "cpu"):
     """``[(name, loader)]`` for :func:`hideseek.experiments.zoo.measure_zoo`."""
     zoo = load_zoo(zoo_dir)
+    if zoo.get("kind") == "mccoy_bert":  # profile paper
+        from hideseek.experiments.paper_zoos import mccoy_loaders
+
+        return mccoy_loaders(zoo, names, device)
     names = [m["name"] for m in zoo["models"]] if names is None else list(names)
     return [(n, (lambda n=n: load_model(zoo_dir, n, device))) for n in names]
 
@@ -443,6 +452,10 @@ def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
     zoo = load_zoo(zoo_dir)
     if n_points < 1 or batch_size < 1:
         raise ValueError("n_points and batch_size must be >= 1")
+    if zoo.get("kind") == "mccoy_bert":  # profile paper: MNLI training pairs (1024 in batches of 128)
+        from hideseek.experiments.paper_zoos import mccoy_sharpness_batches
+
+        return mccoy_sharpness_batches(zoo, n_points, batch_size, seed)
     corpus = Path(zoo_dir) / "corpus"
     train = nc.load_split(corpus / "train.jsonl")
     if n_points > len(train):
@@ -668,6 +681,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ap.error(f"--set expects KEY=VALUE, got {kv!r}")
             k, v = kv.split("=", 1)
             _set_nested(d, k, v)
+        if d.get("source") == "mccoy_bert":  # profile paper: describe McCoy et al.'s runs, train nothing
+            from hideseek.experiments.paper_zoos import cli_build
+
+            return cli_build("mccoy_bert", args.out, d)
         threads = set_threads(d.pop("threads", None))
         spec = ZooSpec.from_dict(d)
         print(f"language zoo, profile {profile!r}, {threads} threads -> {args.out}")
