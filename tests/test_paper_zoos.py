@@ -139,6 +139,18 @@ def test_clip_zoo_train_subset_is_drawn_from_the_fine_tuning_split(clip_assets, 
         assert m["test_wrong"] == _direct_wrong(sd, [a["files"]["val"][j] for j in val])
 
 
+def test_clip_zoo_checks_the_architecture_it_is_told_to_expect(clip_assets, tmp_path):
+    from hideseek.assets import AssetError
+
+    with pytest.raises(AssetError, match="not the expected architecture"):
+        pz.build_clip_soups_zoo(tmp_path, {**clip_assets["params"], "expect": "vit_b32"}, progress=False)
+    with pytest.raises(AssetError, match="classes, expected 1000"):
+        pz.build_clip_soups_zoo(tmp_path, {**clip_assets["params"], "num_classes": 1000}, progress=False)
+    with pytest.raises(ValueError, match="distinct"):
+        pz.build_clip_soups_zoo(tmp_path, {**clip_assets["params"], "models": [1, 1]}, progress=False)
+    assert not (tmp_path / "zoo.json").exists()
+
+
 def test_measure_vision_zoo_runs_on_the_clip_zoo_and_matches_a_direct_call(clip_assets):
     from hideseek.experiments import vision_zoo as vz
 
