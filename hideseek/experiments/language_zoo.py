@@ -89,13 +89,16 @@ class ZooSpec:
     finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
     max_length: int = 40
     device: str = "cpu"  # "cpu", "cuda" or "auto" (cuda when available)
+    # "scratch": BERT of `model`, MLM pre-trained once on the corpus; "minilm" or a saved BERT
+    # folder: fine-tune that pre-trained model instead (hideseek.experiments.minilm)
+    base: str = "scratch"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ZooSpec":
         """From the nested ``params.yaml`` dict; unknown keys are an error."""
         parts = {"corpus": nc.CorpusSpec, "model": ModelSpec,
                  "pretrain": PretrainSpec, "finetune": FinetuneSpec}
-        unknown = set(d) - set(parts) - {"max_length", "device"}
+        unknown = set(d) - set(parts) - {"max_length", "device", "base"}
         if unknown:
             raise ValueError(f"unknown language zoo settings {sorted(unknown)}")
         kw: dict[str, Any] = {}
@@ -110,6 +113,8 @@ class ZooSpec:
             kw["max_length"] = int(d["max_length"])
         if "device" in d:
             kw["device"] = str(d["device"])
+        if "base" in d:
+            kw["base"] = str(d["base"])
         return cls(**kw)
 
     def to_dict(self) -> dict:
@@ -232,7 +237,11 @@ class Data:
 def prepare_data(spec: ZooSpec, corpus_dir: str | Path) -> Data:
     splits = nc.make_corpus(spec.corpus)
     nc.save_corpus(splits, corpus_dir)
-    tok = nc.make_tokenizer(Path(corpus_dir) / "vocab.txt")
+    if spec.base == "scratch":
+        tok = nc.make_tokenizer(Path(corpus_dir) / "vocab.txt")
+    else:  # a pre-trained base model reads the corpus with its own tokenizer
+        from .minilm import load_tokenizer, resolve_base
+        tok = load_tokenizer(resolve_base(spec.base))
     enc = {k: nc.encode(tok, v, spec.max_length) for k, v in splits.items()}
     return Data(tok, splits, enc)
 
@@ -362,14 +371,19 @@ def train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> d
     t0 = time.perf_counter()
     data = prepare_data(spec, out / "corpus")
     heur = nc.overlap_heuristic(data.splits["train"])
-    _, mlm_losses = pretrain(spec, data, out / "pretrained", progress=progress)
+    if spec.base == "scratch":
+        _, mlm_losses = pretrain(spec, data, out / "pretrained", progress=progress)
+        base_dir = out / "pretrained"
+    else:
+        from .minilm import resolve_base
+        mlm_losses, base_dir = None, resolve_base(spec.base)
     t_pre = time.perf_counter() - t0
     records = []
     bar = tqdm(range(spec.finetune.n_models), desc="fine-tune zoo", disable=not progress)
     for i in bar:
         seed = spec.finetune.base_seed + i
         t1 = time.perf_counter()
-        model, losses = finetune(spec, data, out / "pretrained", seed)
+        model, losses = finetune(spec, data, base_dir, seed)
         secs = time.perf_counter() - t1
         rec = {"name": model_name(i), "path": model_name(i), "seed": seed,
                **evaluate(model, data), "final_train_loss": float(np.mean(losses[-20:])),
@@ -389,7 +403,9 @@ def train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> d
                     "binary_accuracy": nc.accuracy(heur, exs, binary=True)}
             for split, exs in data.splits.items()},
         "n_parameters": n_params,
-        "pretrain": {"final_mlm_loss": float(np.mean(mlm_losses[-20:])), "seconds": t_pre},
+        "pretrain": {"final_mlm_loss": None if mlm_losses is None else float(np.mean(mlm_losses[-20:])),
+                     "seconds": t_pre,
+                     "base": spec.base if spec.base == "scratch" else str(base_dir)},
         "seconds_total": time.perf_counter() - t0,
         "torch_threads": torch.get_num_threads(),
         "models": records,
