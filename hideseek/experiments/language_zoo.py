@@ -39,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hideseek.experiments import nli_corpus as nc
+from hideseek.utils import resolve_device
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -123,16 +124,6 @@ class ZooSpec:
 
 # ----------------------------------------------------------------------------
 # helpers
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-    return dev
 
 
 @contextlib.contextmanager

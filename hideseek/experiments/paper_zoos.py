@@ -46,6 +46,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hideseek.utils import resolve_device
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ZOO_FORMAT = 1  # the language zoo's format number, which language_zoo.load_zoo checks
@@ -53,16 +55,6 @@ KINDS = ("clip_soups", "mccoy_bert")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """``"auto"``/``None`` -> cuda when available, else cpu; a named cuda device must exist."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-    return dev
 
 
 def _path_or_none(p) -> str | None:
