@@ -88,6 +88,23 @@ def _indices(value, default_n: int, what: str) -> list[int]:
     return out
 
 
+def _checked_selection(params: Mapping[str, Any], group: str, asset: str, key: str,
+                       default_n: int) -> tuple[Any, Path, list[int]]:
+    """Common start of the paper-zoo builders: threads, manifest, assets root, the selected
+    model indices (``params[key]``), and the one missing-assets check for that selection."""
+    from hideseek.assets import check_assets
+    from hideseek.utils import set_threads
+
+    if params.get("threads") is not None:
+        set_threads(params.get("threads"))
+    man = _manifest(params)
+    root = _root(params, man)
+    n_default = int(man.settings.get(asset, {}).get("n_models", default_n))
+    indices = _indices(params.get(key), n_default, f"{group}_train.{key}")
+    check_assets(group, root=root, manifest=man, select={asset: indices})
+    return man, root, indices
+
+
 def _write_json(path: Path, obj: Mapping) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(obj, indent=1))
@@ -171,17 +188,9 @@ def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], 
     together on one pass over the images), ``device`` (``auto``), ``threads``.
     Writes ``out_dir/zoo.json`` and returns its content.
     """
-    from hideseek.assets import check_assets
     from hideseek.assets.imagenet import ImageNetAssets
-    from hideseek.utils import set_threads
 
-    if params.get("threads") is not None:
-        set_threads(params.get("threads"))
-    man = _manifest(params)
-    root = _root(params, man)
-    n_default = int(man.settings.get("clip_soups", {}).get("n_models", 72))
-    indices = _indices(params.get("models"), n_default, "vision_train.models")
-    check_assets("vision", root=root, manifest=man, select={"clip_soups": indices})
+    man, root, indices = _checked_selection(params, "vision", "clip_soups", "models", 72)
 
     t0 = time.perf_counter()
     device = resolve_device(params.get("device", "auto"))
@@ -304,18 +313,10 @@ def build_mccoy_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, pr
     Writes ``out_dir/zoo.json`` (``kind: "mccoy_bert"``, in the language zoo's
     format: ``models``, ``spec.model``, ``spec.max_length``, ``n_parameters``).
     """
-    from hideseek.assets import check_assets
     from hideseek.assets.bert_mcoy import BASE_DIR, bert_config, mccoy_tokenizer
     from hideseek.assets.mnli import iter_batches, load_mnli
-    from hideseek.utils import set_threads
 
-    if params.get("threads") is not None:
-        set_threads(params.get("threads"))
-    man = _manifest(params)
-    root = _root(params, man)
-    n_default = int(man.settings.get("mccoy_bert", {}).get("n_models", 35))
-    runs = _indices(params.get("runs"), n_default, "language_train.runs")
-    check_assets("language", root=root, manifest=man, select={"mccoy_bert": runs})
+    man, root, runs = _checked_selection(params, "language", "mccoy_bert", "runs", 35)
 
     t0 = time.perf_counter()
     device = resolve_device(params.get("device", "auto"))

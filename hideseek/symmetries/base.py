@@ -171,9 +171,8 @@ class AttentionBlock(SymmetryBlock):
 
 
 @dataclass(repr=False, eq=False)
-class DiagonalPair(SymmetryBlock):
-    """User-declared elementwise GL(1) pairs between two parameters of equal shape
-    (a diagonal linear network ``β = u ⊙ v``: ``(u a, v / a)`` per coordinate)."""
+class _UserPair(SymmetryBlock):
+    """A pair the user declares between two named parameters ``g`` and ``h``."""
 
     g: str
     h: str
@@ -184,6 +183,12 @@ class DiagonalPair(SymmetryBlock):
     def __post_init__(self) -> None:
         self.module = f"{self.g}~{self.h}"
         self.param_names = (self.g, self.h)
+
+
+@dataclass(repr=False, eq=False)
+class DiagonalPair(_UserPair):
+    """User-declared elementwise GL(1) pairs between two parameters of equal shape
+    (a diagonal linear network ``β = u ⊙ v``: ``(u a, v / a)`` per coordinate)."""
 
     def bind(self, params):
         u, v = params[self.g], params[self.h]
@@ -203,7 +208,7 @@ class DiagonalPair(SymmetryBlock):
 
 
 @dataclass(repr=False, eq=False)
-class FactorPair(SymmetryBlock):
+class FactorPair(_UserPair):
     """User-declared GL(r) pair of two factor matrices (e.g. LoRA ``ΔW = B A``).
 
     ``G`` is the parameter ``g`` (transposed if ``transpose_g``), ``H`` likewise, such that
@@ -212,17 +217,8 @@ class FactorPair(SymmetryBlock):
     transpose_h=True)``.
     """
 
-    g: str
-    h: str
     transpose_g: bool = False
     transpose_h: bool = False
-    module: str = field(init=False)
-    param_names: tuple[str, ...] = field(init=False)
-    groups: tuple[PairGroup, ...] = field(init=False, default=())
-
-    def __post_init__(self) -> None:
-        self.module = f"{self.g}~{self.h}"
-        self.param_names = (self.g, self.h)
 
     def _mats(self, params):
         G, H = params[self.g], params[self.h]
