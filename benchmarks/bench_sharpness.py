@@ -97,6 +97,7 @@ class Task:
     threads: int | None = None
     seed: int = 0
     attribute: bool = True
+    autocast: str | None = None   # "bfloat16" / "float16": forward and backward under torch.autocast
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -251,16 +252,18 @@ def _to(obj, device):
     return {k: v.to(device) for k, v in obj.items()}
 
 
-def floor_run(model, batches, n_iters: int) -> int:
+def floor_run(model, batches, n_iters: int, autocast: str | None = None) -> int:
     """``n_iters`` forward + backward passes per batch of the mean cross-entropy through
     ``functional_call``, gradient with respect to every parameter (what one Auto-PGD
     iteration cannot do without).  Returns the number of passes."""
     params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
     leaves = list(params.values())
+    device_type = leaves[0].device.type
+    dtype = getattr(torch, autocast) if autocast else None
     n = 0
     for x, y in batches:
         for _ in range(n_iters):
-            with torch.enable_grad():
+            with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
                 out = functional_call(model, params, (x,)) if isinstance(x, torch.Tensor) else \
                     functional_call(model, params, (), x)
                 loss = F.cross_entropy(_logits(out), y)
@@ -279,16 +282,17 @@ def _one_run(task: Task, model, batches) -> tuple[float, float, int, float | Non
     sync()
     t0 = time.perf_counter()
     if task.measure == "floor":
-        n = floor_run(model, batches, task.n_iters)
+        n = floor_run(model, batches, task.n_iters, task.autocast)
         sync()
         dt = time.perf_counter() - t0
         return dt, dt, n, None
     res = hs.sharpness(model, batches, rho=task.rho, n_iters=task.n_iters, seed=task.seed,
-                       progress=False, **MEASURES[task.measure])
+                       autocast=task.autocast, progress=False, **MEASURES[task.measure])
     sync()
     dt = time.perf_counter() - t0
     loop = sum(r.seconds for r in res.solver)
-    # Auto-PGD's evaluations + the set-up's gradient pass (used parameters); the
+    # Auto-PGD's evaluations + the set-up's gradient pass (used parameters; it is also the
+    # first batch's starting point, so Auto-PGD counts one evaluation less there); the
     # deterministic-loss check adds one more forward pass.
     n = sum(r.n_evals for r in res.solver) + 1
     return dt, loop, n, float(res.value)
@@ -485,7 +489,10 @@ def results_table(results: list[Result]) -> str:
                 continue
             t = r.task
             size = f"{t.batch_size}×{t.seq_len}" if MODELS[model].kind == "text" else str(t.batch_size)
-            loop_evals = t.n_batches * (t.n_iters + (0 if name == "floor" else 1))
+            # Auto-PGD: n_iters + 1 per batch, less the first batch's start (the set-up pass)
+            loop_evals = t.n_batches * t.n_iters + (0 if name == "floor" else t.n_batches - 1)
+            if t.autocast:
+                size += f" ({t.autocast})"
             lines.append(
                 f"| {model} | {size} | {t.n_iters} | {name} | {r.n_evals} | {r.median:.3f} | "
                 f"{_ratio(r.median, fl.median if fl else None)} | "
@@ -542,6 +549,8 @@ def _parse(argv):
     ap.add_argument("--rho", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
+                    help="forward/backward passes (floor included) under torch.autocast in this dtype")
     ap.add_argument("--no-attribute", action="store_true", help="do not instrument the warm-up run")
     ap.add_argument("--in-process", action="store_true",
                     help="no fresh process per measure (faster; memory numbers then unreliable)")
@@ -572,7 +581,7 @@ def tasks_from_args(args) -> list[Task]:
             tasks.append(Task(model=m, measure=meas, batch_size=d["batch_size"], n_iters=d["n_iters"],
                               seq_len=d.get("seq_len", 128), n_batches=args.n_batches,
                               repeats=d["repeats"], rho=args.rho, device=device, threads=args.threads,
-                              seed=args.seed, attribute=not args.no_attribute))
+                              seed=args.seed, attribute=not args.no_attribute, autocast=args.autocast))
     return tasks
 
 

@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--eps", type=float, default=0.0)
     sp.add_argument("--p", default="l2", choices=["l2", "linf"])
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
+                    help="forward/backward passes in this dtype (float32 models; geometry stays float32)")
     sp.add_argument("--out", help="write the result as JSON here")
     sy = sub.add_parser("symmetries", help="list the GL(h) pairs hideseek finds in a model")
     _add_model_args(sy)
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         res = sharpness(model, batches, measure=args.measure, metric=args.metric, rho=args.rho,
                         n_iters=args.n_iters, norm=args.norm,
                         christoffel=False if args.no_christoffel else None, eps=args.eps,
-                        seed=args.seed, p=args.p, progress=True)
+                        seed=args.seed, p=args.p, autocast=args.autocast, progress=True)
     except (CLIError, SharpnessInputError, UnsupportedAttentionError, FileNotFoundError, ValueError) as err:
         print(f"hideseek: error: {err}", file=sys.stderr)
         return 2

@@ -139,6 +139,17 @@ def _logits(out) -> Tensor:
                               "object with .logits (or pass loss_fn that accepts this output)")
 
 
+def _autocast_dtype(autocast) -> torch.dtype | None:
+    if autocast is None or autocast is False:
+        return None
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, torch.bfloat16: torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+             torch.float16: torch.float16}
+    if autocast not in table:
+        raise ValueError(f"autocast must be None, 'bfloat16' or 'float16', got {autocast!r}")
+    return table[autocast]
+
+
 def _default_loss(out, y: Tensor) -> Tensor:
     return F.cross_entropy(_logits(out), y)
 
@@ -184,6 +195,7 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
               pairs: Sequence[SymmetryBlock] | None = None, p: str = "l2", kind: str = "worst",
               n_samples: int | None = None, random_start: bool = False,
               on_unsupported: str = "raise", exclude: Sequence[str] = (),
+              autocast: str | torch.dtype | None = None,
               progress: bool = True, checks: bool = True) -> SharpnessResult:
     """Worst-case (Auto-PGD) or average-case sharpness of ``model`` on ``batches``.
 
@@ -226,6 +238,14 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         ``"raise"`` or ``"adaptive"``: what to do with attention whose symmetry is unknown.
     exclude:
         Parameter names (or name prefixes) to leave unperturbed.
+    autocast:
+        ``None`` (full precision), ``"bfloat16"`` or ``"float16"``: run the model's forward
+        and backward passes under ``torch.autocast`` in that dtype.  The geometry (metric,
+        projection, geodesic step) always stays in the parameters' dtype.  With ``"float16"``
+        the loss is scaled by 2¹⁰ before the backward pass so small gradients do not flush to
+        zero (only the gradient's direction is used).  Sharpness is a difference of two
+        losses, so low precision costs accuracy: see the README's performance section for the
+        measured agreement with full precision.
     checks:
         Check eval mode, finite weights and a deterministic loss before starting.
     """
@@ -244,10 +264,21 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
     all_params = {n: p_.detach() for n, p_ in model.named_parameters()}
     x0, y0 = _to(data[0][0], device), _to(data[0][1], device)
 
+    amp_dtype = _autocast_dtype(autocast)
+    if amp_dtype is not None and any(p_.dtype != torch.float32 for p_ in model.parameters()
+                                     if p_.is_floating_point()):
+        raise ValueError(f"autocast={autocast!r} needs a float32 model (torch.autocast leaves other dtypes "
+                         f"alone), but this one has {sorted({str(p_.dtype) for p_ in model.parameters()})} "
+                         "parameters; call model.float() first or drop autocast")
+    grad_scale = 1024.0 if amp_dtype == torch.float16 else 1.0
+
     def run(params, x, y):
-        out = functional_call(model, params, (x,)) if isinstance(x, Tensor) else \
-            functional_call(model, params, (), x)
-        return loss_fn(out, y)
+        # params are computed (geodesic step) before entering: only the model runs in amp_dtype
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            out = functional_call(model, params, (x,)) if isinstance(x, Tensor) else \
+                functional_call(model, params, (), x)
+            loss = loss_fn(out, y)
+        return loss.float() if amp_dtype is not None and isinstance(loss, Tensor) else loss
 
     leaves = {n: t.detach().requires_grad_(True) for n, t in all_params.items()
               if not any(n == e or n.startswith(e.rstrip(".") + ".") for e in exclude)}
@@ -255,9 +286,11 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         loss0 = run(leaves, x0, y0)
         if not isinstance(loss0, Tensor) or loss0.numel() != 1:
             raise SharpnessInputError("loss_fn must return a scalar tensor")
-        grads = torch.autograd.grad(loss0, list(leaves.values()), allow_unused=True)
+        grads = torch.autograd.grad(loss0 * grad_scale, list(leaves.values()), allow_unused=True)
     used = {n for (n, _), g in zip(leaves.items(), grads) if g is not None}
-    del grads   # a model's worth of memory each; not needed past this point
+    # The set-up pass is also Auto-PGD's start on the first batch (ξ = 0): keep its gradient.
+    setup_grads = {n: g for n, g in zip(leaves, grads) if g is not None}
+    del grads
     if checks:
         with torch.enable_grad():   # same kernels as the first pass (no inference fast path)
             again = run(leaves, x0, y0).detach()
@@ -267,7 +300,8 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
                 f"({float(loss0.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
                 "another random layer still active?). Sharpness needs a deterministic loss.")
 
-    del leaves, loss0
+    loss0 = loss0.detach()
+    del leaves
     blocks: list[SymmetryBlock] = []
     if measure == "geodesic":
         found = find_symmetries(model, on_unsupported=on_unsupported)
@@ -296,7 +330,7 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
             xi = [t.detach().requires_grad_(True) for t in xi]
             with torch.enable_grad():
                 loss = run(geom.point(xi), x, y)
-                g = torch.autograd.grad(loss, xi)
+                g = torch.autograd.grad(loss * grad_scale, xi)
             return loss.detach(), list(g)
 
         def value(xi):
@@ -308,9 +342,13 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
             if random_start:
                 r = float(torch.rand((), generator=gen))
                 start = [rho * r * t for t in geom.random_direction(gen)]
-            res = apgd(objective, geom, rho, n_iters, x0=start)
+            first = None
+            if i == 0 and start is None:
+                first = (loss0, geom.pullback(setup_grads))
+            res = apgd(objective, geom, rho, n_iters, x0=start, start=first)
         else:
             res = average_case(value, geom, rho, n_samples or n_iters, gen)
+        setup_grads = None   # a model's worth of memory: not needed past batch 0
         values.append(res.value)
         bases.append(res.f0)
         solver_results.append(res)
@@ -326,7 +364,8 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
 
     config = dict(measure=measure, metric=metric if measure == "geodesic" else None, rho=rho,
                   n_iters=n_iters, norm=norm, christoffel=christoffel, eps=eps, seed=seed, p=p,
-                  kind=kind, n_samples=n_samples, random_start=random_start, n_batches=len(data))
+                  kind=kind, n_samples=n_samples, random_start=random_start, n_batches=len(data),
+                  autocast=None if amp_dtype is None else str(amp_dtype).removeprefix("torch."))
     return SharpnessResult(
         value=sum(values) / len(values), per_batch=values, base_losses=bases,
         name=_name(measure, metric, p, kind, norm, christoffel), config=config,

@@ -41,8 +41,9 @@ def test_run_task_in_process(measure):
         assert r.n_evals == task.n_batches * task.n_iters
         assert r.value is None
         return
-    # Auto-PGD: n_iters + 1 gradient evaluations per batch, plus the set-up's gradient pass
-    assert r.n_evals == task.n_batches * (task.n_iters + 1) + 1
+    # Auto-PGD: n_iters + 1 gradient evaluations per batch, plus the set-up's gradient pass,
+    # which is also the first batch's starting point (one evaluation less there)
+    assert r.n_evals == task.n_batches * (task.n_iters + 1)
     assert 0 < r.loop_median <= r.median
     # the benchmark measures what a user gets from a direct call
     model = build(task.model, seed=task.seed)
@@ -121,3 +122,13 @@ def test_task_validation(kw, msg):
 def test_seq_len_beyond_positions_is_refused():
     with pytest.raises(ValueError, match="max_position_embeddings"):
         bench.run_task(_task("floor", seq_len=10_000))
+
+
+@pytest.mark.parametrize("measure", ["floor", "geodesic_invariant"])
+def test_run_task_under_autocast(measure):
+    r = bench.run_task(_task(measure, autocast="bfloat16"))
+    full = bench.run_task(_task(measure))
+    assert r.n_evals == full.n_evals
+    if measure != "floor":
+        assert r.value == pytest.approx(full.value, rel=0.1) and r.value != full.value
+    assert "bfloat16" in bench.results_table([r])

@@ -24,6 +24,11 @@ def test_cli_sharpness_on_saved_hf_model(tmp_path, capsys):
     assert "geodesic_mixed" in capsys.readouterr().out
     assert main(["symmetries", "--hf", str(tmp_path / "bert")]) == 0
     assert "qk" in capsys.readouterr().out
+    out16 = tmp_path / "res_bf16.json"
+    assert main(["sharpness", "--hf", str(tmp_path / "bert"), "--data", str(tmp_path / "data.pt"),
+                 "--batch-size", "4", "--rho", "0.05", "--n-iters", "2", "--metric", "mixed",
+                 "--autocast", "bfloat16", "--out", str(out16)]) == 0
+    assert json.loads(out16.read_text())["config"]["autocast"] == "bfloat16"
 
 
 def test_cli_reports_bad_input_without_traceback(tmp_path, capsys):

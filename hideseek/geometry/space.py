@@ -142,6 +142,20 @@ class ProductGeometry:
             out[name] = t + xi
         return out
 
+    def pullback(self, grads: Mapping[str, Tensor]) -> Tangent:
+        """Gradient with respect to ξ at ξ = 0 of a function of the parameters, from its
+        gradient with respect to the parameters (``name -> tensor``; missing names count as
+        zero): the vector-Jacobian product of :meth:`point` at ξ = 0.  The second-order
+        term of the step is quadratic in ξ, so this is the adjoint of the (linear)
+        re-arrangement of parameters into pair stacks — no model pass is needed."""
+        z = [t.requires_grad_(True) for t in self.zeros()]
+        with torch.enable_grad():
+            pts = self.point(z)
+            names = [n for n in pts if n in grads]
+            g = torch.autograd.grad([pts[n] for n in names], z, [grads[n] for n in names],
+                                    allow_unused=True)
+        return [torch.zeros_like(t) if gi is None else gi for t, gi in zip(z, g)]
+
     def correction_ratio(self, x: Tangent) -> float:
         """Largest ``‖½ γ̈(0)‖ / ‖ξ‖`` (Frobenius, per pair) over all pairs: how far the
         second-order step bends away from the straight one.  Values near or above 1 mean the
