@@ -98,6 +98,7 @@ class Task:
     seed: int = 0
     attribute: bool = True
     autocast: str | None = None   # "bfloat16" / "float16": forward and backward under torch.autocast
+    count_syncs: bool = True      # one more (untimed) run counting host syncs inside Auto-PGD
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -121,6 +122,8 @@ class Result:
     n_evals: int                         # forward+backward passes per repeat
     value: float | None                  # sharpness (sanity), None for the floor
     attribution: dict[str, float] = field(default_factory=dict)  # seconds, warm-up run
+    #: host syncs inside Auto-PGD's loops (all batches), by origin {"hideseek", "other"}
+    syncs: dict[str, int] | None = None
 
     @property
     def median(self) -> float:
@@ -298,6 +301,33 @@ def _one_run(task: Task, model, batches) -> tuple[float, float, int, float | Non
     return dt, loop, n, float(res.value)
 
 
+def count_syncs(task: Task, model, batches) -> dict[str, int] | None:
+    """Host syncs inside Auto-PGD (start and loop, all batches) in one untimed run, split
+    into the library's own and the model's (:class:`hideseek.utils.HostSyncCounter`)."""
+    import importlib
+
+    from hideseek.utils import HostSyncCounter
+
+    if task.measure == "floor":
+        return None
+    mod = importlib.import_module("hideseek.sharpness")
+    original, total = mod.apgd, {"hideseek": 0, "other": 0}
+
+    def counted(*args, **kwargs):
+        with HostSyncCounter() as c:
+            out = original(*args, **kwargs)
+        for k, v in c.counts.items():
+            total[k] += v
+        return out
+
+    mod.apgd = counted
+    try:
+        _one_run(task, model, batches)
+    finally:
+        mod.apgd = original
+    return total
+
+
 def run_task(task: Task) -> Result:
     """Build the model and batches, warm up (instrumented), then time ``repeats`` runs."""
     if task.threads:
@@ -322,8 +352,10 @@ def run_task(task: Task) -> Result:
         dt, loop, n_evals, value = _one_run(task, model, batches)
         seconds.append(dt)
         loops.append(loop)
-    return Result(task, seconds, loops, probe.peak(), probe.method, n_evals, value,
-                  attr.seconds if task.attribute else {})
+    peak = probe.peak()
+    syncs = count_syncs(task, model, batches) if task.count_syncs else None
+    return Result(task, seconds, loops, peak, probe.method, n_evals, value,
+                  attr.seconds if task.attribute else {}, syncs)
 
 
 def run_fresh(task: Task) -> Result:
@@ -473,11 +505,18 @@ def _ratio(a: float, b: float | None) -> str:
     return "–" if not b else f"{a / b:.2f}"
 
 
+def _syncs(s: dict[str, int] | None, iters: int) -> str:
+    if not s:
+        return "–"
+    return f"{s['hideseek'] / iters:.2f} + {s['other'] / iters:.2f}"
+
+
 def results_table(results: list[Result]) -> str:
     """Markdown: one row per (model, measure) with times, memory and ratios."""
     lines = ["| model | batch | iters | measure | passes | time (s) | ×floor | ×adaptive | "
-             "Auto-PGD loop (s) | loop / pass (s) | peak mem (MiB) | mem ×adaptive | value |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Auto-PGD loop (s) | loop / pass (s) | peak mem (MiB) | mem ×adaptive | "
+             "host syncs / iter (ours + model's) | value |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by_model: dict[str, dict[str, Result]] = {}
     for r in results:
         by_model.setdefault(r.task.model, {})[r.task.measure] = r
@@ -499,6 +538,7 @@ def results_table(results: list[Result]) -> str:
                 f"{_ratio(r.median, ad.median if ad else None)} | {r.loop_median:.3f} | "
                 f"{r.loop_median / loop_evals:.4f} | {_mib(r.peak_bytes)} | "
                 f"{_ratio(r.peak_bytes, ad.peak_bytes if ad else None)} | "
+                f"{_syncs(r.syncs, t.n_batches * t.n_iters)} | "
                 f"{'–' if r.value is None else f'{r.value:.3g}'} |")
     return "\n".join(lines)
 
@@ -551,6 +591,8 @@ def _parse(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
                     help="forward/backward passes (floor included) under torch.autocast in this dtype")
+    ap.add_argument("--no-sync-count", action="store_true",
+                    help="skip the extra untimed run that counts host syncs inside Auto-PGD")
     ap.add_argument("--no-attribute", action="store_true", help="do not instrument the warm-up run")
     ap.add_argument("--in-process", action="store_true",
                     help="no fresh process per measure (faster; memory numbers then unreliable)")
@@ -581,7 +623,8 @@ def tasks_from_args(args) -> list[Task]:
             tasks.append(Task(model=m, measure=meas, batch_size=d["batch_size"], n_iters=d["n_iters"],
                               seq_len=d.get("seq_len", 128), n_batches=args.n_batches,
                               repeats=d["repeats"], rho=args.rho, device=device, threads=args.threads,
-                              seed=args.seed, attribute=not args.no_attribute, autocast=args.autocast))
+                              seed=args.seed, attribute=not args.no_attribute, autocast=args.autocast,
+                              count_syncs=not args.no_sync_count))
     return tasks
 
 

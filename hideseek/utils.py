@@ -22,3 +22,46 @@ def resolve_device(device: str | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {device!r} requested but CUDA is not available")
     return dev
+
+
+class HostSyncCounter(torch.overrides.TorchFunctionMode):
+    """Counts the tensor operations that copy a value to the host (``float(t)``,
+    ``bool(t)``, ``int(t)``, ``t.item()``, ``t.tolist()``, ``t.numpy()``) inside a ``with``
+    block — on a GPU each one waits for the device.  ``counts`` splits them by origin:
+    ``"hideseek"`` (this library's code) and ``"other"`` (the model, the caller).
+
+    >>> with HostSyncCounter() as c:                        # doctest: +SKIP
+    ...     hs.sharpness(model, batches, rho=0.1)
+    >>> c.counts                                            # doctest: +SKIP
+
+    Every torch call inside the block goes through Python, so do not time under it.
+    """
+
+    _SYNCS = frozenset({torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.__int__,
+                        torch.Tensor.__index__, torch.Tensor.item, torch.Tensor.tolist,
+                        torch.Tensor.numpy})
+    _TORCH_DIR = os.path.dirname(torch.__file__)
+    _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = {"hideseek": 0, "other": 0}
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def _origin(self) -> str:
+        import sys
+        frame = sys._getframe(2)
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if not (path.startswith(self._TORCH_DIR) or path == __file__):
+                return "hideseek" if path.startswith(self._OWN_DIR) else "other"
+            frame = frame.f_back
+        return "other"
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self._SYNCS:
+            self.counts[self._origin()] += 1
+        return func(*args, **(kwargs or {}))

@@ -39,8 +39,11 @@ def test_run_task_in_process(measure):
     assert len(r.seconds) == 1 and all(math.isfinite(s) and s > 0 for s in r.seconds)
     if measure == "floor":
         assert r.n_evals == task.n_batches * task.n_iters
-        assert r.value is None
+        assert r.value is None and r.syncs is None
         return
+    # host syncs inside Auto-PGD: ours one per iteration plus one at each start; the tiny
+    # HF BERT checks its attention mask on the host in each forward pass (model's own)
+    assert r.syncs["hideseek"] == task.n_batches * (task.n_iters + 1)
     # Auto-PGD: n_iters + 1 gradient evaluations per batch, plus the set-up's gradient pass,
     # which is also the first batch's starting point (one evaluation less there)
     assert r.n_evals == task.n_batches * (task.n_iters + 1)
