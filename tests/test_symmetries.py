@@ -133,3 +133,13 @@ def test_add_bias_kv_refused():
     m = nn.Sequential(nn.MultiheadAttention(8, 2, add_bias_kv=True))
     with pytest.raises(hs.UnsupportedAttentionError, match="add_bias_kv"):
         find_symmetries(m)
+
+
+def test_discovery_does_not_import_open_clip_for_other_models():
+    import subprocess
+    import sys
+    code = ("import sys, torch, hideseek as hs\n"
+            "m = torch.nn.Sequential(torch.nn.MultiheadAttention(8, 2))\n"
+            "assert len(hs.find_symmetries(m)) == 1\n"
+            "assert 'open_clip' not in sys.modules, 'open_clip was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,6 +19,7 @@ case their parameters are left to the elementwise (adaptive) geometry.
 from __future__ import annotations
 
 import re
+import sys
 
 from torch import nn
 
@@ -155,11 +156,10 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
     blocks: list[SymmetryBlock] = []
     problems: list[str] = []
     rope = _rope_reason(model)
-    open_clip_attention = None
-    try:  # optional dependency
-        from open_clip.transformer import Attention as open_clip_attention  # type: ignore
-    except Exception:  # pragma: no cover
-        pass
+    # open_clip's Attention, only if open_clip is already loaded: a model cannot hold an
+    # instance of a class whose module was never imported, and importing open_clip (with
+    # torchvision) costs seconds and ~200 MiB for every other model
+    open_clip_attention = getattr(sys.modules.get("open_clip.transformer"), "Attention", None)
     for name, mod in modules.items():
         try:
             if isinstance(mod, nn.MultiheadAttention):
