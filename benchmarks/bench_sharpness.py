@@ -301,31 +301,37 @@ def _one_run(task: Task, model, batches) -> tuple[float, float, int, float | Non
     return dt, loop, n, float(res.value)
 
 
-def count_syncs(task: Task, model, batches) -> dict[str, int] | None:
-    """Host syncs inside Auto-PGD (start and loop, all batches) in one untimed run, split
-    into the library's own and the model's (:class:`hideseek.utils.HostSyncCounter`)."""
+def auto_pgd_syncs(run: Callable[[], Any]) -> list[dict[str, int]]:
+    """Call ``run()`` and return, for each Auto-PGD search it makes through
+    :func:`hideseek.sharpness`, the host syncs inside that search (start and loop) by origin
+    (:class:`hideseek.utils.HostSyncCounter`: ``"hideseek"`` or ``"other"``, the model's)."""
     import importlib
 
     from hideseek.utils import HostSyncCounter
 
-    if task.measure == "floor":
-        return None
     mod = importlib.import_module("hideseek.sharpness")
-    original, total = mod.apgd, {"hideseek": 0, "other": 0}
+    original, per_search = mod.apgd, []
 
     def counted(*args, **kwargs):
         with HostSyncCounter() as c:
             out = original(*args, **kwargs)
-        for k, v in c.counts.items():
-            total[k] += v
+        per_search.append(dict(c.counts))
         return out
 
     mod.apgd = counted
     try:
-        _one_run(task, model, batches)
+        run()
     finally:
         mod.apgd = original
-    return total
+    return per_search
+
+
+def count_syncs(task: Task, model, batches) -> dict[str, int] | None:
+    """Host syncs inside Auto-PGD (all batches) in one untimed run, by origin."""
+    if task.measure == "floor":
+        return None
+    per_search = auto_pgd_syncs(lambda: _one_run(task, model, batches))
+    return {k: sum(c[k] for c in per_search) for k in ("hideseek", "other")}
 
 
 def run_task(task: Task) -> Result:

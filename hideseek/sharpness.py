@@ -244,8 +244,8 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         projection, geodesic step) always stays in the parameters' dtype.  With ``"float16"``
         the loss is scaled by 2¹⁰ before the backward pass so small gradients do not flush to
         zero (only the gradient's direction is used).  Sharpness is a difference of two
-        losses, so low precision costs accuracy: see the README's performance section for the
-        measured agreement with full precision.
+        losses, so low precision costs accuracy: ``reports/benchmarks.md`` gives the measured
+        agreement with full precision.
     checks:
         Check eval mode, finite weights and a deterministic loss before starting.
     """

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -47,12 +48,7 @@ class HostSyncCounter(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.counts = {"hideseek": 0, "other": 0}
 
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
     def _origin(self) -> str:
-        import sys
         frame = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename

@@ -7,7 +7,6 @@
 * Mixed precision (``autocast``) keeps the geometry in float32 and moves the values by
   little (tolerances measured on these models, stated below).
 """
-import importlib
 import warnings
 
 import pytest
@@ -17,6 +16,7 @@ import hideseek as hs
 from hideseek.geometry.space import ProductGeometry
 from hideseek.symmetries.discover import find_symmetries
 from hideseek.utils import HostSyncCounter
+from benchmarks.bench_sharpness import auto_pgd_syncs
 from torch.func import functional_call
 
 from models import MHAClassifier, bert_batch, tiny_bert
@@ -69,26 +69,18 @@ def test_first_batch_reuses_the_setup_pass(kw):
 
 
 @pytest.mark.parametrize("kw", MEASURES, ids=lambda kw: "-".join(map(str, kw.values())))
-def test_apgd_syncs_with_the_host_once_per_iteration(kw, monkeypatch):
+def test_apgd_syncs_with_the_host_once_per_iteration(kw):
     # the model (nn.MultiheadAttention on float64, no masks) has no host syncs of its own
-    mod = importlib.import_module("hideseek.sharpness")
-    original, counts = mod.apgd, []
-
-    def counted(*args, **kwargs):
-        with HostSyncCounter() as c:
-            out = original(*args, **kwargs)
-        assert c.counts["other"] == 0
-        counts.append(c.counts["hideseek"])
-        return out
-
-    monkeypatch.setattr(mod, "apgd", counted)
     n_iters = 9
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        hs.sharpness(MHAClassifier(), [_mha_batch(0), _mha_batch(1)], rho=0.05, n_iters=n_iters,
-                     progress=False, **kw)
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            hs.sharpness(MHAClassifier(), [_mha_batch(0), _mha_batch(1)], rho=0.05, n_iters=n_iters,
+                         progress=False, **kw)
+
     # one per iteration (the schedule compares values) plus one for the starting value
-    assert counts == [n_iters + 1, n_iters + 1]
+    assert auto_pgd_syncs(run) == [{"hideseek": n_iters + 1, "other": 0}] * 2
 
 
 def test_the_counter_sees_syncs_and_their_origin():
