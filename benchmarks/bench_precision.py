@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import hideseek as hs  # noqa: E402
-from hideseek.experiments.zoo import STANDARD_MEASURES  # noqa: E402
+from companion.experiments.zoo import STANDARD_MEASURES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,13 +60,13 @@ def _zoo(kind: str, device: str, n_models: int | None):
     rho = {m: float(metrics["tau"][m]["rho"]) for m in STANDARD_MEASURES}
     zoo_dir = ROOT / params["zoo_dir"]
     if kind == "vision":
-        from hideseek.experiments import vision_zoo as vz
+        from companion.experiments import vision_zoo as vz
 
         meta, models = vz.load_zoo(zoo_dir, device=device)
         batches = vz.sharpness_batches(vz.zoo_data(meta), int(params["n_images"]), int(params["batch_size"]))
         gaps = vz.members_frame(meta)["gap"].to_dict()
     else:
-        from hideseek.experiments import language_zoo as lz
+        from companion.experiments import language_zoo as lz
 
         zoo = lz.load_zoo(zoo_dir)
         models = lz.model_loaders(zoo_dir, device=device)

@@ -12,7 +12,7 @@ name           architecture
 ``vit-b32``    open_clip ``ViT-B-32`` image tower (``pretrained=None``) + a linear head on
                the L2-normalised features, 1000 classes (the CLIP fine-tunes of the paper)
 ``small-bert`` the ``cpu`` language zoo's BERT: 2 layers, width 64, 4 heads of 16,
-               intermediate 256 (``hideseek.experiments.language_zoo.ModelSpec`` defaults)
+               intermediate 256 (``companion.experiments.language_zoo.ModelSpec`` defaults)
 ``small-vit``  the ``cpu`` vision zoo's ViT: open_clip ``VisionTransformer`` on 1×8×8
                images, patch 2, width 32, 2 layers, 4 heads, then normalised features, a
                fixed logit scale and a 10-class head (``vision_zoo.DigitsViT`` defaults)

@@ -44,7 +44,7 @@ def load_model(args) -> torch.nn.Module:
                            "use the Python API with your own loss_fn")
         model = cls.from_pretrained(path, local_files_only=True)
     else:
-        from .assets.clip_soups import load_clip_finetune
+        from .open_clip_finetune import load_clip_finetune
         model = load_clip_finetune(args.open_clip, expect=None, num_classes=None)
     return model.to(args.device).eval()
 

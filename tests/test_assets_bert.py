@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from hideseek.assets import AssetError, MissingAssetsError
-from hideseek.assets.bert_mcoy import LABELS, load_mccoy_bert, mccoy_tokenizer, convert_tf_bert
-from hideseek.assets.tf_checkpoint import (CheckpointFormatError, TFCheckpointReader, crc32c,
+from companion.assets import AssetError, MissingAssetsError
+from companion.assets.bert_mcoy import LABELS, load_mccoy_bert, mccoy_tokenizer, convert_tf_bert
+from companion.assets.tf_checkpoint import (CheckpointFormatError, TFCheckpointReader, crc32c,
                                            resolve_checkpoint_prefix)
 
 FIX = Path(__file__).parent / "data" / "mccoy_bert_tiny"

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import hideseek as hs
-from hideseek.assets import AssetError, MissingAssetsError
-from hideseek.assets.clip_soups import load_clip_finetune, load_clip_soup
+from companion.assets import MissingAssetsError
+from hideseek.open_clip_finetune import CheckpointError
+from companion.assets.clip_soups import load_clip_finetune, load_clip_soup
 
 
 def openai_clip_soup_state_dict(width, layers, patch, image_size, out_dim, classes, *, seed=0,
@@ -153,9 +154,9 @@ def test_real_vit_b32_layout_loads_with_the_default_expectation(tmp_path):
 
 def test_wrong_files_are_rejected_with_the_reason(small_file, tmp_path):
     path, sd = small_file
-    with pytest.raises(AssetError, match=r"not the expected architecture.*'width': \(128, 768\)"):
+    with pytest.raises(CheckpointError, match=r"not the expected architecture.*'width': \(128, 768\)"):
         load_clip_finetune(path)  # a stand-in is not a ViT-B/32
-    with pytest.raises(AssetError, match="head has 10 classes, expected 1000"):
+    with pytest.raises(CheckpointError, match="head has 10 classes, expected 1000"):
         load_clip_finetune(path, expect=None)
 
     def save(d, name):
@@ -164,24 +165,24 @@ def test_wrong_files_are_rejected_with_the_reason(small_file, tmp_path):
         return p
 
     no_head = {k: t for k, t in sd.items() if not k.startswith("classification_head")}
-    with pytest.raises(AssetError, match="not a model-soups fine-tune: no classification_head.weight"):
+    with pytest.raises(CheckpointError, match="not a model-soups fine-tune: no classification_head.weight"):
         load_clip_finetune(save(no_head, "no_head.pt"), expect=None, num_classes=None)
     gap = dict(sd)
     del gap["model.visual.transformer.resblocks.1.ln_2.bias"]
-    with pytest.raises(AssetError, match=r"missing \['visual.transformer.resblocks.1.ln_2.bias'\]"):
+    with pytest.raises(CheckpointError, match=r"missing \['visual.transformer.resblocks.1.ln_2.bias'\]"):
         load_clip_finetune(save(gap, "gap.pt"), expect=None, num_classes=None)
     extra = dict(sd, **{"model.visual.mystery": torch.zeros(3)})
-    with pytest.raises(AssetError, match=r"unexpected \['visual.mystery'\]"):
+    with pytest.raises(CheckpointError, match=r"unexpected \['visual.mystery'\]"):
         load_clip_finetune(save(extra, "extra.pt"), expect=None, num_classes=None)
     odd = dict(sd, **{"optimizer_state": torch.zeros(1)})
-    with pytest.raises(AssetError, match="unexpected keys \\['optimizer_state'\\]"):
+    with pytest.raises(CheckpointError, match="unexpected keys \\['optimizer_state'\\]"):
         load_clip_finetune(save(odd, "odd.pt"), expect=None, num_classes=None)
     bad_head = dict(sd, **{"classification_head.weight": torch.zeros(10, 23)})
-    with pytest.raises(AssetError, match="does not fit image features of size 24"):
+    with pytest.raises(CheckpointError, match="does not fit image features of size 24"):
         load_clip_finetune(save(bad_head, "bad_head.pt"), expect=None, num_classes=None)
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"<html>404 Not Found</html>")
-    with pytest.raises(AssetError, match="cannot be read as a torch state dict"):
+    with pytest.raises(CheckpointError, match="cannot be read as a torch state dict"):
         load_clip_finetune(junk)
     with pytest.raises(FileNotFoundError):
         load_clip_finetune(tmp_path / "absent.pt")
@@ -199,5 +200,5 @@ def test_load_clip_soup_by_index(small_file, tmp_path):
     with pytest.raises(MissingAssetsError, match=r"model_\{i\}.pt  for i in 3 \(1 file\)"):
         load_clip_soup(3, root=tmp_path)
     (tmp_path / "clip_soups" / "model_3.pt").write_bytes(small_file[0].read_bytes())
-    with pytest.raises(AssetError, match="not the expected architecture"):  # a stand-in, not ViT-B/32
+    with pytest.raises(CheckpointError, match="not the expected architecture"):  # a stand-in, not ViT-B/32
         load_clip_soup(3, root=tmp_path)

@@ -7,9 +7,9 @@ import torch
 import yaml
 from PIL import Image
 
-from hideseek.assets import AssetError, MissingAssetsError
-from hideseek.assets.imagenet import ImageNetAssets, clip_preprocess
-from hideseek.assets.manifest import DEFAULT_MANIFEST
+from companion.assets import AssetError, MissingAssetsError
+from companion.assets.imagenet import ImageNetAssets, clip_preprocess
+from companion.assets.manifest import DEFAULT_MANIFEST
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]  # sorted, as ImageFolder orders classes
 N_TRAIN = 5  # per class

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hideseek.assets import MissingAssetsError, check_assets, find_missing, fingerprint, load_manifest
-from hideseek.assets.__main__ import main
-from hideseek.assets.manifest import DEFAULT_MANIFEST, _ranges
+from companion.assets import MissingAssetsError, check_assets, find_missing, fingerprint, load_manifest
+from companion.assets.__main__ import main
+from companion.assets.manifest import DEFAULT_MANIFEST, _ranges
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,7 +122,7 @@ def test_ranges():
 
 def run_cli(*args, cwd=REPO):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "hideseek.assets", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "companion.assets", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=60)
 
 

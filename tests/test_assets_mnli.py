@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from hideseek.assets import AssetError, MissingAssetsError
-from hideseek.assets.bert_mcoy import load_mccoy_bert, mccoy_tokenizer
-from hideseek.assets.mnli import (LABELS, iter_batches, load_mnli, mnli_sharpness_batches, read_pairs)
+from companion.assets import AssetError, MissingAssetsError
+from companion.assets.bert_mcoy import load_mccoy_bert, mccoy_tokenizer
+from companion.assets.mnli import (LABELS, iter_batches, load_mnli, mnli_sharpness_batches, read_pairs)
 
 FIX = Path(__file__).parent / "data" / "mccoy_bert_tiny"
 
@@ -127,7 +127,7 @@ def test_sharpness_batches_are_deterministic_and_tokenised_like_run_classifier(r
 
 def test_long_pairs_are_truncated_longer_first():
     tok = mccoy_tokenizer(FIX)
-    from hideseek.assets.mnli import NLIPair, encode
+    from companion.assets.mnli import NLIPair, encode
 
     long = NLIPair("the man " * 100, "a dog runs .", 1)
     x, _ = encode([long], tok, max_seq_length=16)

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hideseek.experiments.correlation import kendall_tau, tau_split_half
+from companion.experiments.correlation import kendall_tau, tau_split_half
 
 
 def brute_tau_b(x, y):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hideseek.experiments import diagonal as D
+from companion.experiments import diagonal as D
 
 
 def _sphere(rng, k, dim, r):

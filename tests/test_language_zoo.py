@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from hideseek.experiments import language_zoo as lz
-from hideseek.experiments import nli_corpus as nc
+from companion.experiments import language_zoo as lz
+from companion.experiments import nli_corpus as nc
 
 TINY = {
     "corpus": {"seed": 1, "n_train": 96, "n_dev": 30, "n_test": 45, "hard_rate": 0.1},

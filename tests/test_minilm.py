@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 import torch
 
-from hideseek.experiments import language_zoo as lz
-from hideseek.experiments import minilm
-from hideseek.experiments import nli_corpus as nc
+from companion.experiments import language_zoo as lz
+from companion.experiments import minilm
+from companion.experiments import nli_corpus as nc
 
 TINY = {
     "corpus": {"seed": 1, "n_train": 64, "n_dev": 20, "n_test": 30, "hard_rate": 0.1},

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from hideseek.experiments import nli_corpus as nc
-from hideseek.experiments.nli_corpus import NP, Clause, entailment_label as label
+from companion.experiments import nli_corpus as nc
+from companion.experiments.nli_corpus import NP, Clause, entailment_label as label
 
 SMALL = nc.CorpusSpec(seed=3, n_train=900, n_dev=150, n_test=300, hard_rate=0.05)
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from hideseek.experiments import table1
-from hideseek.pipeline import run_stage
+from companion.experiments import table1
+from companion.pipeline import run_stage
 
 TINY = {
     "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant"},

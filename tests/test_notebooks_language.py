@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from hideseek.experiments import language_zoo as lz
-from hideseek.pipeline import run_stage
+from companion.experiments import language_zoo as lz
+from companion.pipeline import run_stage
 
 TRAIN = {
     "corpus": {"seed": 2, "n_train": 64, "n_dev": 15, "n_test": 30, "hard_rate": 0.1},

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from hideseek.experiments import vision_zoo as vz
-from hideseek.pipeline import run_stage
+from companion.experiments import vision_zoo as vz
+from companion.pipeline import run_stage
 
 TRAIN = dict(
     seed=0, split_seed=0, n_test=497, n_sharpness=16, n_models=6, threads=1,

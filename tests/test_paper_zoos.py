@@ -27,13 +27,13 @@ import yaml
 from PIL import Image
 
 import hideseek as hs
-from hideseek.assets.bert_mcoy import BASE_DIR, bert_tokenizer, convert_tf_bert
-from hideseek.assets.clip_soups import load_clip_finetune
-from hideseek.assets.imagenet import ImageNetAssets, clip_preprocess
-from hideseek.assets.manifest import DEFAULT_MANIFEST
-from hideseek.assets.mnli import encode, read_glue_tsv
-from hideseek.assets.tf_checkpoint import TFCheckpointReader, crc32c, read_sstable
-from hideseek.experiments import paper_zoos as pz
+from companion.assets.bert_mcoy import BASE_DIR, bert_tokenizer, convert_tf_bert
+from companion.assets.clip_soups import load_clip_finetune
+from companion.assets.imagenet import ImageNetAssets, clip_preprocess
+from companion.assets.manifest import DEFAULT_MANIFEST
+from companion.assets.mnli import encode, read_glue_tsv
+from companion.assets.tf_checkpoint import TFCheckpointReader, crc32c, read_sstable
+from companion.experiments import paper_zoos as pz
 from test_assets_clip import openai_clip_soup_state_dict, reference_logits
 from test_assets_mnli import DEV, DEV_HEADER, TRAIN, TRAIN_HEADER, write_tsv
 
@@ -140,11 +140,11 @@ def test_clip_zoo_train_subset_is_drawn_from_the_fine_tuning_split(clip_assets, 
 
 
 def test_clip_zoo_checks_the_architecture_it_is_told_to_expect(clip_assets, tmp_path):
-    from hideseek.assets import AssetError
+    from hideseek.open_clip_finetune import CheckpointError
 
-    with pytest.raises(AssetError, match="not the expected architecture"):
+    with pytest.raises(CheckpointError, match="not the expected architecture"):
         pz.build_clip_soups_zoo(tmp_path, {**clip_assets["params"], "expect": "vit_b32"}, progress=False)
-    with pytest.raises(AssetError, match="classes, expected 1000"):
+    with pytest.raises(CheckpointError, match="classes, expected 1000"):
         pz.build_clip_soups_zoo(tmp_path, {**clip_assets["params"], "num_classes": 1000}, progress=False)
     with pytest.raises(ValueError, match="distinct"):
         pz.build_clip_soups_zoo(tmp_path, {**clip_assets["params"], "models": [1, 1]}, progress=False)
@@ -152,7 +152,7 @@ def test_clip_zoo_checks_the_architecture_it_is_told_to_expect(clip_assets, tmp_
 
 
 def test_measure_vision_zoo_runs_on_the_clip_zoo_and_matches_a_direct_call(clip_assets):
-    from hideseek.experiments import vision_zoo as vz
+    from companion.experiments import vision_zoo as vz
 
     a = clip_assets
     meta, loaders = vz.load_zoo(a["zoo_dir"], device="cpu")
@@ -183,7 +183,7 @@ def test_measure_vision_zoo_runs_on_the_clip_zoo_and_matches_a_direct_call(clip_
 
 @pytest.mark.slow
 def test_vision_notebook_runs_on_the_clip_zoo_with_profile_paper(clip_assets, tmp_path):
-    from hideseek.pipeline import run_stage
+    from companion.pipeline import run_stage
 
     a = clip_assets
     params = dict(zoo_dir=str(a["zoo_dir"]), n_images=4, batch_size=2, data_seed=0, n_iters=1, threads=1,
@@ -207,7 +207,7 @@ def _run(args, **kw):
 def test_vision_train_cli_with_profile_paper_and_no_assets_prints_the_one_message(tmp_path):
     empty = tmp_path / "paper"
     empty.mkdir()
-    r = _run(["-m", "hideseek.experiments.vision_zoo", "train", "--profile", "paper", "--out", str(tmp_path / "zoo"),
+    r = _run(["-m", "companion.experiments.vision_zoo", "train", "--profile", "paper", "--out", str(tmp_path / "zoo"),
               "--set", f"assets_root={empty}", "--no-progress"])
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
@@ -368,7 +368,7 @@ def test_mccoy_zoo_error_subsets_follow_the_seed(bert_assets, tmp_path):
 
 
 def test_mccoy_sharpness_batches_are_the_papers_pairs_with_padding_trimmed(bert_assets):
-    from hideseek.assets.mnli import mnli_sharpness_batches
+    from companion.assets.mnli import mnli_sharpness_batches
 
     b = bert_assets
     ours = pz.mccoy_sharpness_batches(b["zoo"], n_pairs=6, batch_size=4, seed=2)
@@ -387,8 +387,8 @@ def test_mccoy_sharpness_batches_are_the_papers_pairs_with_padding_trimmed(bert_
 
 
 def test_measure_language_zoo_runs_on_the_mccoy_zoo_and_matches_a_direct_call(bert_assets):
-    from hideseek.assets.mnli import mnli_sharpness_batches
-    from hideseek.experiments import language_zoo as lz
+    from companion.assets.mnli import mnli_sharpness_batches
+    from companion.experiments import language_zoo as lz
 
     b = bert_assets
     params = dict(zoo_dir=str(b["zoo_dir"]), n_points=4, batch_size=2, data_seed=0, n_iters=1, seed=0,
@@ -415,7 +415,7 @@ def test_measure_language_zoo_runs_on_the_mccoy_zoo_and_matches_a_direct_call(be
 
 @pytest.mark.slow
 def test_language_notebook_runs_on_the_mccoy_zoo_with_profile_paper(bert_assets, tmp_path):
-    from hideseek.pipeline import run_stage
+    from companion.pipeline import run_stage
 
     b = bert_assets
     grid = [0.05]
@@ -435,7 +435,7 @@ def test_language_notebook_runs_on_the_mccoy_zoo_with_profile_paper(bert_assets,
 def test_language_train_cli_with_profile_paper_and_no_assets_prints_the_one_message(tmp_path):
     empty = tmp_path / "paper"
     empty.mkdir()
-    r = _run(["-m", "hideseek.experiments.language_zoo", "train", "--profile", "paper", "--out", str(tmp_path / "zoo"),
+    r = _run(["-m", "companion.experiments.language_zoo", "train", "--profile", "paper", "--out", str(tmp_path / "zoo"),
               "--set", f"assets_root={empty}"])
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr + r.stdout

@@ -6,7 +6,7 @@ import nbformat
 import pytest
 import yaml
 
-from hideseek.pipeline import (
+from companion.pipeline import (
     PipelineError,
     apply_overrides,
     main,

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from hideseek.experiments import toy
+from companion.experiments import toy
 from hideseek.reference import geodesic_rk4, pair_metric_tensor
 
 RNG = np.random.default_rng(0)

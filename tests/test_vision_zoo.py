@@ -1,4 +1,4 @@
-"""hideseek.experiments.vision_zoo: data split, model, augmentation, member data, deterministic training."""
+"""companion.experiments.vision_zoo: data split, model, augmentation, member data, deterministic training."""
 import json
 
 import numpy as np
@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import hideseek as hs
-from hideseek.experiments import vision_zoo as vz
+from companion.experiments import vision_zoo as vz
 
 TINY_TRAIN = dict(
     seed=3, split_seed=1, n_test=497, n_sharpness=16, n_models=2, threads=1,

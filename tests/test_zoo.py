@@ -1,4 +1,4 @@
-"""hideseek.experiments.zoo: measuring a zoo, and its tau tables.
+"""companion.experiments.zoo: measuring a zoo, and its tau tables.
 
 measure_zoo is checked against direct hideseek.sharpness calls on tiny open_clip ViTs
 (float64); the tau helpers against scipy.stats.kendalltau computed here independently.
@@ -10,8 +10,8 @@ import torch
 from scipy import stats
 
 import hideseek as hs
-from hideseek.experiments.vision_zoo import DigitsViT
-from hideseek.experiments.zoo import (STANDARD_MEASURES, measure_zoo, split_half_taus, tau_vs_rho,
+from companion.experiments.vision_zoo import DigitsViT
+from companion.experiments.zoo import (STANDARD_MEASURES, measure_zoo, split_half_taus, tau_vs_rho,
                                       value_table)
 
 TINY = dict(width=8, layers=1, heads=2, patch_size=4, mlp_ratio=2.0, embed_dim=8, logit_scale=5.0)

@@ -6,7 +6,7 @@ checkpoints instead, so that the same stages and notebooks measure them:
 
 ``build_clip_soups_zoo(out_dir, params)``
     the ``vision_train`` stage with ``source: clip_soups``: checks the assets
-    (one :class:`~hideseek.assets.MissingAssetsError` listing everything
+    (one :class:`~companion.assets.MissingAssetsError` listing everything
     missing), loads each selected ``model_{i}.pt`` and writes ``zoo.json``
     (``kind: "clip_soups"``) with each model's train error (a seeded subset of
     the 98 % of ImageNet's training set the models were fine-tuned on), test
@@ -22,7 +22,7 @@ Why the BERTs are converted on the fly and not saved once: a converted run is
 ``data/zoos/language`` (the stage output) beside the 42 GB of checkpoints they
 come from; converting one (reading its weights, skipping the optimizer slots)
 costs seconds, against minutes for its sharpness on 1024 pairs. The cost is
-paid once per call of :func:`hideseek.experiments.zoo.measure_zoo`, i.e. a few
+paid once per call of :func:`companion.experiments.zoo.measure_zoo`, i.e. a few
 times per model.
 
 Readers (used by :func:`.vision_zoo.load_zoo` / :func:`.vision_zoo.measure_vision_zoo`
@@ -63,7 +63,7 @@ def _path_or_none(p) -> str | None:
 
 
 def _manifest(meta_or_params: Mapping[str, Any]):
-    from hideseek.assets import load_manifest
+    from companion.assets import load_manifest
 
     return load_manifest(meta_or_params.get("manifest"))
 
@@ -92,7 +92,7 @@ def _checked_selection(params: Mapping[str, Any], group: str, asset: str, key: s
                        default_n: int) -> tuple[Any, Path, list[int]]:
     """Common start of the paper-zoo builders: threads, manifest, assets root, the selected
     model indices (``params[key]``), and the one missing-assets check for that selection."""
-    from hideseek.assets import check_assets
+    from companion.assets import check_assets
     from hideseek.utils import set_threads
 
     if params.get("threads") is not None:
@@ -119,7 +119,7 @@ def _trim(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def cli_build(kind: str, out_dir: str | os.PathLike, params: Mapping[str, Any], *, progress: bool = True) -> int:
     """Build a paper zoo from a CLI; a missing asset prints the one message (no traceback), status 2."""
-    from hideseek.assets import MissingAssetsError
+    from companion.assets import MissingAssetsError
 
     build = {"clip_soups": build_clip_soups_zoo, "mccoy_bert": build_mccoy_zoo}.get(kind)
     if build is None:
@@ -140,7 +140,7 @@ def cli_build(kind: str, out_dir: str | os.PathLike, params: Mapping[str, Any], 
 
 
 def _clip_expect(value):
-    from hideseek.assets.clip_soups import VIT_B32
+    from companion.assets.clip_soups import VIT_B32
 
     if value in ("vit_b32", "ViT-B/32"):
         return dict(VIT_B32)
@@ -151,7 +151,7 @@ def _clip_expect(value):
 
 def _clip_loader(path: Path, expect, num_classes, device: torch.device) -> Callable[[], torch.nn.Module]:
     def load():
-        from hideseek.assets.clip_soups import load_clip_finetune
+        from companion.assets.clip_soups import load_clip_finetune
 
         return load_clip_finetune(path, expect=expect, num_classes=num_classes).to(device).eval()
 
@@ -188,7 +188,7 @@ def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], 
     together on one pass over the images), ``device`` (``auto``), ``threads``.
     Writes ``out_dir/zoo.json`` and returns its content.
     """
-    from hideseek.assets.imagenet import ImageNetAssets
+    from companion.assets.imagenet import ImageNetAssets
 
     man, root, indices = _checked_selection(params, "vision", "clip_soups", "models", 72)
 
@@ -208,7 +208,7 @@ def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], 
     paths = {i: root / "clip_soups" / f"model_{i}.pt" for i in indices}
 
     # Architecture and size from the first model (every model is checked against `expect` when loaded).
-    from hideseek.assets.clip_soups import infer_vision_config, load_clip_finetune
+    from companion.assets.clip_soups import infer_vision_config, load_clip_finetune
 
     first = load_clip_finetune(paths[indices[0]], expect=expect, num_classes=num_classes)
     n_parameters = sum(p.numel() for p in first.parameters())
@@ -283,7 +283,7 @@ def load_clip_soups_zoo(zoo_dir: str | os.PathLike, device: str | None = "auto")
 def clip_soups_sharpness_batches(meta: Mapping[str, Any], n_images: int = 2048, batch_size: int = 256,
                                  seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n_images`` training images of the 98 % split (seeded), CLIP-preprocessed, in batches."""
-    from hideseek.assets.imagenet import ImageNetAssets
+    from companion.assets.imagenet import ImageNetAssets
 
     man = _manifest(meta)
     assets = ImageNetAssets(_root(meta, man), image_size=int(meta.get("image_size", 224)), manifest=man)
@@ -295,7 +295,7 @@ def clip_soups_sharpness_batches(meta: Mapping[str, Any], n_images: int = 2048, 
 
 def _bert_loader(run: int, root: Path, manifest, device: torch.device, dtype=torch.float32):
     def load():
-        from hideseek.assets.bert_mcoy import load_mccoy_bert
+        from companion.assets.bert_mcoy import load_mccoy_bert
 
         return load_mccoy_bert(run, root=root, manifest=manifest, dtype=dtype).to(device).eval()
 
@@ -313,8 +313,8 @@ def build_mccoy_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, pr
     Writes ``out_dir/zoo.json`` (``kind: "mccoy_bert"``, in the language zoo's
     format: ``models``, ``spec.model``, ``spec.max_length``, ``n_parameters``).
     """
-    from hideseek.assets.bert_mcoy import BASE_DIR, bert_config, mccoy_tokenizer
-    from hideseek.assets.mnli import iter_batches, load_mnli
+    from companion.assets.bert_mcoy import BASE_DIR, bert_config, mccoy_tokenizer
+    from companion.assets.mnli import iter_batches, load_mnli
 
     man, root, runs = _checked_selection(params, "language", "mccoy_bert", "runs", 35)
 
@@ -411,8 +411,8 @@ def mccoy_sharpness_batches(zoo: Mapping[str, Any], n_pairs: int = 1024, batch_s
     padding beyond each batch's longest pair is dropped: the attention mask hides it,
     so the loss is the same and the sharpness search is cheaper.
     """
-    from hideseek.assets.bert_mcoy import mccoy_tokenizer
-    from hideseek.assets.mnli import load_mnli, mnli_sharpness_batches
+    from companion.assets.bert_mcoy import mccoy_tokenizer
+    from companion.assets.mnli import load_mnli, mnli_sharpness_batches
 
     man = _manifest(zoo)
     root = _root(zoo, man)

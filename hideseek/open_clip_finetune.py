@@ -1,4 +1,4 @@
-"""The model-soups CLIP fine-tunes (Wortsman et al. 2022) as image classifiers.
+"""open_clip image classifiers saved in the model-soups format: the model-soups CLIP fine-tunes (Wortsman et al. 2022) as image classifiers.
 
 Each ``model_{i}.pt`` of the model-soups release is the ``state_dict()`` of a
 wrapper around OpenAI's CLIP ViT-B/32: the CLIP model under the prefix
@@ -31,7 +31,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .manifest import AssetError
+
+class CheckpointError(ValueError):
+    """A checkpoint file is not the format or the architecture it should be."""
+
 
 #: OpenAI CLIP ViT-B/32 image tower, as found in every model-soups checkpoint.
 VIT_B32 = {"image_size": 224, "patch_size": 32, "width": 768, "layers": 12, "heads": 12, "output_dim": 512}
@@ -68,14 +71,14 @@ def infer_vision_config(visual_sd: dict[str, torch.Tensor]) -> dict:
         pos = visual_sd["positional_embedding"]
         proj = visual_sd["proj"]
     except KeyError as err:
-        raise AssetError(f"not a CLIP ViT image tower: no visual.{err.args[0]}") from None
+        raise CheckpointError(f"not a CLIP ViT image tower: no visual.{err.args[0]}") from None
     width, patch = conv.shape[0], conv.shape[-1]
     layers = len({k.split(".")[2] for k in visual_sd if k.startswith("transformer.resblocks.")})
     grid = round((pos.shape[0] - 1) ** 0.5)
     if grid * grid + 1 != pos.shape[0]:
-        raise AssetError(f"visual.positional_embedding has {pos.shape[0]} rows, not grid^2 + 1")
+        raise CheckpointError(f"visual.positional_embedding has {pos.shape[0]} rows, not grid^2 + 1")
     if width % 64:
-        raise AssetError(f"image tower width {width} is not a multiple of the head width 64")
+        raise CheckpointError(f"image tower width {width} is not a multiple of the head width 64")
     mlp = visual_sd.get("transformer.resblocks.0.mlp.c_fc.weight")
     return {
         "image_size": grid * patch,
@@ -154,7 +157,7 @@ def load_clip_finetune(
     paper's); ``None`` accepts any CLIP ViT layout (used for small stand-ins).
     ``num_classes``: the head's expected number of classes (``None``: any).
 
-    Raises :class:`~hideseek.assets.AssetError` naming what does not match
+    Raises :class:`CheckpointError` naming what does not match
     (missing, unexpected or mis-shaped keys, a different architecture).
     """
     name = "<state dict>" if isinstance(path, dict) else str(path)
@@ -166,30 +169,30 @@ def load_clip_finetune(
         try:
             sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as err:  # a JIT archive, a pickled module, a truncated download, ...
-            raise AssetError(f"{name}: cannot be read as a torch state dict ({type(err).__name__}: {err})") from None
+            raise CheckpointError(f"{name}: cannot be read as a torch state dict ({type(err).__name__}: {err})") from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise AssetError(f"{name}: expected a state dict of tensors, got {type(sd).__name__}")
+        raise CheckpointError(f"{name}: expected a state dict of tensors, got {type(sd).__name__}")
     visual, head, unknown = split_state_dict(sd)
     if HEAD_W not in head or HEAD_B not in head:
-        raise AssetError(
+        raise CheckpointError(
             f"{name}: not a model-soups fine-tune: no {HEAD_W} / {HEAD_B} "
             f"(first keys: {', '.join(list(sd)[:5])})"
         )
     if unknown:
-        raise AssetError(f"{name}: unexpected keys {unknown[:10]}{' ...' if len(unknown) > 10 else ''}")
+        raise CheckpointError(f"{name}: unexpected keys {unknown[:10]}{' ...' if len(unknown) > 10 else ''}")
     vision = infer_vision_config(visual)
     feat = head[HEAD_W].shape[1]
     if feat != vision["output_dim"] or head[HEAD_B].shape != head[HEAD_W].shape[:1]:
-        raise AssetError(
+        raise CheckpointError(
             f"{name}: head {tuple(head[HEAD_W].shape)} / {tuple(head[HEAD_B].shape)} does not fit "
             f"image features of size {vision['output_dim']}"
         )
     if expect is not None:
         diff = {k: (vision[k], v) for k, v in expect.items() if vision.get(k) != v}
         if diff:
-            raise AssetError(f"{name}: not the expected architecture; (found, expected): {diff}")
+            raise CheckpointError(f"{name}: not the expected architecture; (found, expected): {diff}")
     if num_classes is not None and head[HEAD_W].shape[0] != num_classes:
-        raise AssetError(f"{name}: head has {head[HEAD_W].shape[0]} classes, expected {num_classes}")
+        raise CheckpointError(f"{name}: head has {head[HEAD_W].shape[0]} classes, expected {num_classes}")
 
     # Built on the meta device (no random initialisation of 88M weights), then given the file's tensors.
     model = build_clip_classifier(vision, head[HEAD_W].shape[0], device="meta")
@@ -200,32 +203,12 @@ def load_clip_finetune(
     shapes = [f"{k}: file {tuple(want[k].shape)} vs model {tuple(own[k].shape)}"
               for k in sorted(set(own) & set(want)) if own[k].shape != want[k].shape]
     if missing or extra or shapes:
-        raise AssetError(
+        raise CheckpointError(
             f"{name}: does not match open_clip's image tower; missing {missing[:8]}, "
             f"unexpected {extra[:8]}, shape mismatches {shapes[:8]}"
         )
     model.load_state_dict({k: v.to(dtype).clone() for k, v in want.items()}, strict=True, assign=True)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
-        raise AssetError(f"{name}: tensors left without values after loading: {left[:8]}")
+        raise CheckpointError(f"{name}: tensors left without values after loading: {left[:8]}")
     return model.eval()
-
-
-def load_clip_soup(
-    i: int,
-    *,
-    root: str | os.PathLike | None = None,
-    manifest=None,
-    dtype: torch.dtype = torch.float32,
-) -> ClipClassifier:
-    """Model ``i`` (0-71) of the model-soups release from ``<root>/clip_soups/model_{i}.pt``.
-
-    Checks the file first (a :class:`~hideseek.assets.MissingAssetsError` names
-    it and its origin when absent), then :func:`load_clip_finetune` with the
-    ViT-B/32 and 1000-class expectations.
-    """
-    from .manifest import Manifest, check_assets, load_manifest
-
-    man = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
-    root = check_assets("clip_soups", root=root, manifest=man, select={"clip_soups": [int(i)]})
-    return load_clip_finetune(Path(root) / "clip_soups" / f"model_{int(i)}.pt", dtype=dtype)

@@ -1,8 +1,8 @@
-"""Command line: ``python -m hideseek.assets {check,manifest,init}``.
+"""Command line: ``python -m companion.assets {check,manifest,init}``.
 
 ``check`` verifies the paper's assets for the selected profile. For the
 ``paper`` profile a missing file ends the command with the one message of
-:class:`~hideseek.assets.MissingAssetsError` on stderr (no stack trace) and
+:class:`~companion.assets.MissingAssetsError` on stderr (no stack trace) and
 exit status 2. For other profiles it reports that no paper assets are read.
 ``--write FILE`` writes a JSON fingerprint of the assets (or, for other
 profiles, a constant record), which the DVC stage ``paper_assets`` outputs so
@@ -51,7 +51,7 @@ def _write(path: str, record: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hideseek.assets", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m companion.assets", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     chk = sub.add_parser("check", help="check that the paper's assets are on disk")
     chk.add_argument("--profile", help="cpu | gpu | paper (default: `profile` in params.yaml)")

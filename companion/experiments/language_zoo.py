@@ -3,7 +3,7 @@
 The paper uses 35 of the 100 ``bert-base-uncased`` MNLI fine-tunes of McCoy et
 al. (2020), which differ only in the fine-tuning seed. The ``cpu`` analogue:
 
-1. a generated NLI corpus (:mod:`hideseek.experiments.nli_corpus`) with a
+1. a generated NLI corpus (:mod:`companion.experiments.nli_corpus`) with a
    HANS-like test split on which lexical overlap does not help;
 2. a small ``transformers`` BERT (``BertForMaskedLM``) pre-trained once, from
    a fixed seed, with masked language modelling on the training pairs;
@@ -15,7 +15,7 @@ Generalisation gap = test error - train error (errors in [0, 1]).
 
 Command line (the DVC stage ``language_train``)::
 
-    python -m hideseek.experiments.language_zoo train --out data/zoos/language --profile cpu
+    python -m companion.experiments.language_zoo train --out data/zoos/language --profile cpu
 
 reads ``params.yaml`` (section ``language_train``, sub-dict of the profile) and
 writes ``out/corpus/`` (vocab.txt, splits), ``out/pretrained/``, one folder per
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from hideseek.experiments import nli_corpus as nc
+from companion.experiments import nli_corpus as nc
 from hideseek.utils import resolve_device
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,7 +91,7 @@ class ZooSpec:
     max_length: int = 40
     device: str = "cpu"  # "cpu", "cuda" or "auto" (cuda when available)
     # "scratch": BERT of `model`, MLM pre-trained once on the corpus; "minilm" or a saved BERT
-    # folder: fine-tune that pre-trained model instead (hideseek.experiments.minilm)
+    # folder: fine-tune that pre-trained model instead (companion.experiments.minilm)
     base: str = "scratch"
 
     @classmethod
@@ -414,7 +414,7 @@ def load_zoo(zoo_dir: str | Path) -> dict:
     path = Path(zoo_dir) / "zoo.json"
     if not path.is_file():
         raise FileNotFoundError(f"no zoo at {zoo_dir} (missing zoo.json); run "
-                                "`python -m hideseek.experiments.language_zoo train` first")
+                                "`python -m companion.experiments.language_zoo train` first")
     zoo = json.loads(path.read_text())
     if zoo.get("format") != ZOO_FORMAT:
         raise ValueError(f"{path}: zoo format {zoo.get('format')}, expected {ZOO_FORMAT}")
@@ -427,7 +427,7 @@ def load_model(zoo_dir: str | Path, name: str, device: str | None = "cpu"):
 
     zoo = load_zoo(zoo_dir)
     if zoo.get("kind") == "mccoy_bert":  # profile paper: McCoy et al.'s TF checkpoints, converted here
-        from hideseek.experiments.paper_zoos import mccoy_loaders
+        from companion.experiments.paper_zoos import mccoy_loaders
 
         return mccoy_loaders(zoo, [name], device)[0][1]()
     path = Path(zoo_dir) / name
@@ -438,10 +438,10 @@ def load_model(zoo_dir: str | Path, name: str, device: str | None = "cpu"):
 
 
 def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, device: str | None = "cpu"):
-    """``[(name, loader)]`` for :func:`hideseek.experiments.zoo.measure_zoo`."""
+    """``[(name, loader)]`` for :func:`companion.experiments.zoo.measure_zoo`."""
     zoo = load_zoo(zoo_dir)
     if zoo.get("kind") == "mccoy_bert":  # profile paper
-        from hideseek.experiments.paper_zoos import mccoy_loaders
+        from companion.experiments.paper_zoos import mccoy_loaders
 
         return mccoy_loaders(zoo, names, device)
     names = [m["name"] for m in zoo["models"]] if names is None else list(names)
@@ -460,7 +460,7 @@ def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
     if n_points < 1 or batch_size < 1:
         raise ValueError("n_points and batch_size must be >= 1")
     if zoo.get("kind") == "mccoy_bert":  # profile paper: MNLI training pairs (1024 in batches of 128)
-        from hideseek.experiments.paper_zoos import mccoy_sharpness_batches
+        from companion.experiments.paper_zoos import mccoy_sharpness_batches
 
         return mccoy_sharpness_batches(zoo, n_points, batch_size, seed)
     corpus = Path(zoo_dir) / "corpus"
@@ -522,7 +522,7 @@ class LanguageResult:
 def _curves(frame, gaps, halves, n_boot: int, seed: int):
     import pandas as pd
 
-    from hideseek.experiments.zoo import tau_vs_rho
+    from companion.experiments.zoo import tau_vs_rho
 
     parts = [tau_vs_rho(frame, gaps, n_boot=n_boot, seed=seed).assign(models="all")]
     for half in ("select", "eval"):
@@ -536,7 +536,7 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
     ``params`` (the ``language`` section of ``params.yaml``): ``zoo_dir``,
     ``n_points``, ``batch_size``, ``data_seed`` (which training pairs), ``n_iters``
     (Auto-PGD), ``seed``, ``rho_grid`` (per measure of
-    :data:`~hideseek.experiments.zoo.STANDARD_MEASURES`), ``ablation_rho_grid``
+    :data:`~companion.experiments.zoo.STANDARD_MEASURES`), ``ablation_rho_grid``
     (per measure of :data:`ABLATION_MEASURES`; empty to skip), ``eps`` (the
     relaxation used everywhere else), ``eps_grid`` (the Figure 9 sweep, at each
     metric's chosen rho; empty to skip), ``split_seed``, ``n_boot``,
@@ -544,8 +544,8 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
     """
     import pandas as pd
 
-    from hideseek.experiments.correlation import kendall_tau
-    from hideseek.experiments.zoo import STANDARD_MEASURES, measure_zoo, split_half_taus
+    from companion.experiments.correlation import kendall_tau
+    from companion.experiments.zoo import STANDARD_MEASURES, measure_zoo, split_half_taus
 
     p = dict(params)
     required = ("zoo_dir", "n_points", "batch_size", "n_iters", "rho_grid")
@@ -671,7 +671,7 @@ def read_params(params_file: str | Path, profile: str | None, section: str = "la
 def main(argv: Sequence[str] | None = None) -> int:
     from hideseek.utils import set_threads
 
-    ap = argparse.ArgumentParser(prog="python -m hideseek.experiments.language_zoo",
+    ap = argparse.ArgumentParser(prog="python -m companion.experiments.language_zoo",
                                  description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     tr = sub.add_parser("train", help="pre-train once and fine-tune the zoo")
@@ -689,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             k, v = kv.split("=", 1)
             _set_nested(d, k, v)
         if d.get("source") == "mccoy_bert":  # profile paper: describe McCoy et al.'s runs, train nothing
-            from hideseek.experiments.paper_zoos import cli_build
+            from companion.experiments.paper_zoos import cli_build
 
             return cli_build("mccoy_bert", args.out, d)
         threads = set_threads(d.pop("threads", None))

@@ -9,7 +9,7 @@
 * :mod:`.mnli` — MNLI pairs from GLUE TSV or MultiNLI JSONL, tokenised batches.
 
 The loaders import open_clip / transformers only when first used, so
-``python -m hideseek.assets check`` takes about 2 s (the ``hideseek`` package itself
+``python -m companion.assets check`` takes about 2 s (the ``hideseek`` package itself
 imports torch).
 """
 from __future__ import annotations

@@ -4,12 +4,12 @@
 goes below ``data/paper/``, what it holds and where it comes from publicly.
 :func:`check_assets` compares that list with the disk and, when anything is
 missing, raises one :class:`MissingAssetsError` whose message names every
-missing path and its origin. ``python -m hideseek.assets check`` prints that
+missing path and its origin. ``python -m companion.assets check`` prints that
 message (no stack trace) and exits with status 2.
 
 Example
 -------
->>> from hideseek.assets import check_assets, MissingAssetsError
+>>> from companion.assets import check_assets, MissingAssetsError
 >>> try:
 ...     check_assets("vision", root="/nonexistent")
 ... except MissingAssetsError as err:
@@ -29,13 +29,15 @@ from typing import Iterable, Mapping, Sequence
 
 import yaml
 
+from hideseek.open_clip_finetune import CheckpointError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO_ROOT / "data" / "manifest.yaml"
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-class AssetError(Exception):
+class AssetError(CheckpointError):
     """An asset is on disk but is not what the manifest describes."""
 
 

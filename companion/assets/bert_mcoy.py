@@ -170,7 +170,7 @@ def load_mccoy_bert(
     """McCoy et al.'s run ``run`` (0-99, or a folder name like ``"bert_07"``) as a transformers model.
 
     Checks the run's files and the shared config/vocabulary first (a
-    :class:`~hideseek.assets.MissingAssetsError` names what is missing).
+    :class:`~companion.assets.MissingAssetsError` names what is missing).
     """
     man = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
     select = None

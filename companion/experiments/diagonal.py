@@ -598,7 +598,7 @@ def _run(params: Mapping[str, Any], *, progress: bool = True) -> dict[str, Any]:
     """
     import pandas as pd
 
-    from hideseek.experiments.correlation import kendall_tau, tau_split_half
+    from companion.experiments.correlation import kendall_tau, tau_split_half
 
     t0 = time.perf_counter()
     p = dict(params)

@@ -30,7 +30,7 @@ fine-tuning hyperparameters (Wortsman et al., 2022). The ``cpu`` analogue here:
   labels as trained (``train_error_fit``), on all true labels (``train_error_clean``)
   and on the sharpness set.
 
-``python -m hideseek.experiments.vision_zoo train --out data/zoos/vision`` trains a zoo
+``python -m companion.experiments.vision_zoo train --out data/zoos/vision`` trains a zoo
 from the ``vision_train`` section of ``params.yaml`` and writes ``init.pt`` (the shared
 checkpoint), ``model_XXX.pt`` (one state dict per member) and ``zoo.json``.
 """
@@ -351,11 +351,11 @@ def load_zoo(path: str | Path, device: str = "cpu") -> tuple[dict, list[tuple[st
     meta_file = path / "zoo.json"
     if not meta_file.is_file():
         raise FileNotFoundError(f"{meta_file} not found; train the zoo first "
-                                f"(python -m hideseek.experiments.vision_zoo train --out {path})")
+                                f"(python -m companion.experiments.vision_zoo train --out {path})")
     with open(meta_file) as fh:
         meta = json.load(fh)
     if meta.get("kind") == "clip_soups":  # the paper's model-soups CLIP fine-tunes (profile paper)
-        from hideseek.experiments.paper_zoos import clip_soups_loaders
+        from companion.experiments.paper_zoos import clip_soups_loaders
 
         return meta, clip_soups_loaders(meta, device)
 
@@ -420,14 +420,14 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
     """
     import pandas as pd
 
-    from hideseek.experiments.zoo import STANDARD_MEASURES, measure_zoo, split_half_taus, tau_vs_rho
+    from companion.experiments.zoo import STANDARD_MEASURES, measure_zoo, split_half_taus, tau_vs_rho
     from hideseek.utils import set_threads
 
     set_threads(params.get("threads"))
     meta, models = load_zoo(params["zoo_dir"], device=str(params.get("device", "cpu")))
     n_images, batch_size = int(params["n_images"]), int(params["batch_size"])
     if meta.get("kind") == "clip_soups":  # the paper's zoo: ImageNet images of the 98 % training split
-        from hideseek.experiments.paper_zoos import clip_soups_sharpness_batches
+        from companion.experiments.paper_zoos import clip_soups_sharpness_batches
 
         batches = clip_soups_sharpness_batches(meta, n_images, batch_size, int(params.get("data_seed", 0)))
         n_parameters = int(meta["n_parameters"])
@@ -470,7 +470,7 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hideseek.experiments.vision_zoo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m companion.experiments.vision_zoo", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train the zoo described by params.yaml's vision_train section")
     tr.add_argument("--out", default="data/zoos/vision", help="output folder (default: data/zoos/vision)")
@@ -481,14 +481,14 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from hideseek.pipeline import apply_overrides, load_params, parse_overrides, resolve_stage_params
+    from companion.pipeline import apply_overrides, load_params, parse_overrides, resolve_stage_params
 
     profile, params = resolve_stage_params(load_params(args.params), STAGE, args.profile)
     if not params:
         parser.error(f"{args.params} has no {STAGE}.{profile} section")
     params = apply_overrides(params, parse_overrides(args.overrides))
     if params.get("source") == "clip_soups":  # profile paper: describe the model-soups release, train nothing
-        from hideseek.experiments.paper_zoos import cli_build
+        from companion.experiments.paper_zoos import cli_build
 
         return cli_build("clip_soups", args.out, params, progress=not args.no_progress)
     meta = train_zoo(args.out, params, progress=not args.no_progress)

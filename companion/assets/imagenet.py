@@ -49,7 +49,7 @@ class ImageNetAssets:
 
     ``root``: the assets root (default ``data/paper`` from the manifest).
     ``manifest``: the manifest whose ``imagenet`` group is checked on construction
-    (a :class:`~hideseek.assets.MissingAssetsError` lists what is missing).
+    (a :class:`~companion.assets.MissingAssetsError` lists what is missing).
     """
 
     def __init__(

@@ -12,7 +12,7 @@ cell tagged ``parameters`` that defines three names:
     ``out_dir/figures/*.png|pdf``, ``out_dir/metrics/<stage>.json`` and,
     optionally, ``out_dir/data/*``.
 
-``python -m hideseek.pipeline <stage> [--profile P] [--set key=value ...]``
+``python -m companion.pipeline <stage> [--profile P] [--set key=value ...]``
 executes the notebook into a fresh staging folder ``reports/.staging/...``
 (git-ignored). Only when the notebook ran to the end *and* wrote its metrics
 JSON are the results published:
@@ -272,7 +272,7 @@ def run_stage(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hideseek.pipeline",
+        prog="python -m companion.pipeline",
         description="Run notebooks/<stage>.ipynb with papermill and publish into reports/ atomically.",
     )
     parser.add_argument("stage")

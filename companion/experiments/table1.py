@@ -16,7 +16,7 @@ metrics files, lists the paper's three rows in the paper's order with the
 paper's values, our values (and intervals) beside them, the profile that
 produced them, and marks rows no stage has produced as "not computed yet".
 
-``python -m hideseek.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
+``python -m companion.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
 writes ``table1.md`` and ``table1.csv`` (each written to a temporary file
 and renamed, so a reader never sees half a table).
 """
@@ -163,7 +163,7 @@ def write(metrics_dir: str | os.PathLike = "reports/metrics", out_dir: str | os.
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hideseek.experiments.table1", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m companion.experiments.table1", description=__doc__.split("\n")[0])
     ap.add_argument("--metrics-dir", default="reports/metrics")
     ap.add_argument("--out-dir", default="reports")
     args = ap.parse_args(argv)
