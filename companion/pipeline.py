@@ -6,7 +6,8 @@ cell tagged ``parameters`` that defines three names:
 ``profile``
     the name of the parameter profile (``cpu``, ``gpu`` or ``paper``),
 ``params``
-    a dict, the stage's resolved parameters ``params.yaml[stage][profile]``,
+    a dict, the stage's resolved parameters (``params.yaml``'s ``stage.defaults``
+    merged with ``stage.<profile>``, :func:`companion.params.stage_params`),
 ``out_dir``
     a folder the notebook writes into, and nowhere else:
     ``out_dir/figures/*.png|pdf``, ``out_dir/metrics/<stage>.json`` and,
@@ -46,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
+from companion import params as _params
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PROFILES = ("cpu", "gpu", "paper")
+PROFILES = _params.PROFILES
 
 
 class PipelineError(RuntimeError):
@@ -71,72 +72,34 @@ class StageResult:
 
 
 # --------------------------------------------------------------------------- params
+# The one reader is companion.params; these wrappers turn its errors into PipelineError.
 
 
 def load_params(path: str | os.PathLike) -> dict:
     """Read ``params.yaml``; a missing or non-mapping file is an error."""
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"parameter file {path} does not exist")
-    with open(path) as fh:
-        data = yaml.safe_load(fh)
-    if not isinstance(data, dict):
-        raise PipelineError(f"{path} must hold a mapping at top level, got {type(data).__name__}")
-    return data
+    try:
+        return _params.load_params(path)
+    except _params.ParamsError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 def resolve_stage_params(all_params: Mapping, stage: str, profile: str | None = None) -> tuple[str, dict]:
-    """Return ``(profile, params[stage][profile])``.
-
-    The profile defaults to the top-level ``profile`` key. A stage without a
-    section resolves to ``{}`` (a stage may need no parameters); a stage whose
-    section lacks the requested profile is an error that lists what exists.
-    """
-    if profile is None:
-        profile = all_params.get("profile", "cpu")
-    if profile not in PROFILES:
-        raise PipelineError(f"unknown profile {profile!r}; expected one of {PROFILES}")
-    section = all_params.get(stage)
-    if section is None:
-        return profile, {}
-    if not isinstance(section, Mapping):
-        raise PipelineError(f"params.yaml section {stage!r} must be a mapping of profiles")
-    if profile not in section:
-        raise PipelineError(
-            f"params.yaml section {stage!r} has no profile {profile!r} (has: {sorted(section)})"
-        )
-    resolved = section[profile] or {}
-    if not isinstance(resolved, Mapping):
-        raise PipelineError(f"params.yaml {stage}.{profile} must be a mapping")
-    return profile, dict(resolved)
+    """``(profile, parameters)`` of ``stage``: :func:`companion.params.resolve`."""
+    try:
+        return _params.resolve(all_params, stage, profile)
+    except _params.ParamsError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings; values are YAML (numbers, lists, booleans)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise PipelineError(f"override {item!r} is not of the form key=value")
-        key, value = item.split("=", 1)
-        key = key.strip()
-        if not key:
-            raise PipelineError(f"override {item!r} has an empty key")
-        out[key] = yaml.safe_load(value)
-    return out
+    try:
+        return _params.parse_overrides(items)
+    except _params.ParamsError as exc:
+        raise PipelineError(str(exc)) from None
 
 
-def apply_overrides(params: Mapping, overrides: Mapping[str, Any]) -> dict:
-    """Return a deep copy of ``params`` with dotted-key overrides applied."""
-    result = json.loads(json.dumps(params))  # deep copy of plain data
-    for dotted, value in overrides.items():
-        keys = dotted.split(".")
-        node = result
-        for k in keys[:-1]:
-            if not isinstance(node.get(k), dict):
-                node[k] = {}
-            node = node[k]
-        node[keys[-1]] = value
-    return result
+apply_overrides = _params.apply_overrides
 
 
 # --------------------------------------------------------------------------- running
@@ -189,7 +152,10 @@ def run_stage(
         raise PipelineError(f"stage {stage!r}: notebook {nb_in} does not exist")
 
     if params is None:
-        profile, stage_params = resolve_stage_params(load_params(root / "params.yaml"), stage, profile)
+        try:
+            profile, stage_params = _params.stage_params(stage, profile, path=root / "params.yaml")
+        except _params.ParamsError as exc:
+            raise PipelineError(str(exc)) from None
     else:
         profile = profile or "cpu"
         if profile not in PROFILES:

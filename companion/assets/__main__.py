@@ -34,11 +34,9 @@ def _select_from_params(path: Path) -> dict:
     """Optional ``paper_assets: {paper: {select: {group: [indices]}}}`` in params.yaml."""
     if not path.is_file():
         return {}
-    import yaml
+    from companion.params import stage_params
 
-    with open(path) as f:
-        params = yaml.safe_load(f) or {}
-    section = (params.get("paper_assets") or {}).get("paper") or {}
+    section = stage_params("paper_assets", "paper", path=path)[1]
     return {k: list(v) for k, v in (section.get("select") or {}).items()}
 
 

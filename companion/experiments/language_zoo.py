@@ -647,25 +647,11 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
 # command line
 
 
-def _set_nested(d: dict, dotted: str, value: str) -> None:
-    import yaml
-
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-    d[keys[-1]] = yaml.safe_load(value)
-
-
 def read_params(params_file: str | Path, profile: str | None, section: str = "language_train") -> tuple[str, dict]:
-    import yaml
+    """``(profile, parameters)`` of ``section``: :func:`companion.params.stage_params`."""
+    from companion.params import stage_params
 
-    params = yaml.safe_load(Path(params_file).read_text())
-    profile = profile or params.get("profile", "cpu")
-    if section not in params:
-        raise KeyError(f"{params_file} has no section {section!r}")
-    if profile not in params[section]:
-        raise KeyError(f"{params_file}: section {section!r} has no profile {profile!r}")
-    return profile, dict(params[section][profile] or {})
+    return stage_params(section, profile, path=params_file)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -682,12 +668,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="override a setting, e.g. finetune.n_models=3")
     args = ap.parse_args(argv)
     if args.cmd == "train":
-        profile, d = read_params(args.params, args.profile)
         for kv in args.set:
             if "=" not in kv:
                 ap.error(f"--set expects KEY=VALUE, got {kv!r}")
-            k, v = kv.split("=", 1)
-            _set_nested(d, k, v)
+        from companion.params import stage_params
+
+        profile, d = stage_params("language_train", args.profile, args.set, path=args.params)
         if d.get("source") == "mccoy_bert":  # profile paper: describe McCoy et al.'s runs, train nothing
             from companion.experiments.paper_zoos import cli_build
 

@@ -481,12 +481,15 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from companion.pipeline import apply_overrides, load_params, parse_overrides, resolve_stage_params
+    from companion.params import ParamsError, stage_params
 
-    profile, params = resolve_stage_params(load_params(args.params), STAGE, args.profile)
-    if not params:
-        parser.error(f"{args.params} has no {STAGE}.{profile} section")
-    params = apply_overrides(params, parse_overrides(args.overrides))
+    try:
+        profile, params = stage_params(STAGE, args.profile, path=args.params)
+        if not params:
+            parser.error(f"{args.params} has no {STAGE}.{profile} section")
+        params = stage_params(STAGE, profile, args.overrides, path=args.params)[1]
+    except ParamsError as exc:
+        parser.error(str(exc))
     if params.get("source") == "clip_soups":  # profile paper: describe the model-soups release, train nothing
         from companion.experiments.paper_zoos import cli_build
 

@@ -1,0 +1,156 @@
+"""The one reader of ``params.yaml``: a stage's parameters for a profile.
+
+``params.yaml`` holds a top-level ``profile`` (``cpu``, ``gpu`` or ``paper``;
+``dvc repro`` uses it) and one section per stage::
+
+    stage:
+      defaults: {...}        # what every profile shares
+      cpu:      {...}        # only what differs from the defaults
+      gpu:      {...}
+      paper:    {...}
+
+The resolved parameters of ``stage`` under profile ``P`` are ``defaults``
+deep-merged with ``stage[P]`` (mappings merge key by key, recursively; any
+other value, lists included, replaces the default), then the dotted-key
+``overrides`` (``--set a.b=1``) are applied. A section without ``defaults``
+is read as before the split (``stage[P]`` alone). Every profile a stage
+supports must be named in its section, even with an empty mapping, so that a
+typo in the profile is an error and not the defaults.
+
+Every consumer (:mod:`companion.pipeline`, the zoo-training CLIs,
+``python -m companion.assets``) reads its parameters through
+:func:`stage_params`; DVC tracks whole sections (``params: [profile, stage]``),
+so editing a default or any profile re-runs the stage.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PARAMS_FILE = REPO_ROOT / "params.yaml"
+PROFILES = ("cpu", "gpu", "paper")
+DEFAULTS = "defaults"
+
+
+class ParamsError(KeyError):
+    """``params.yaml`` or an override does not describe the requested stage/profile.
+
+    A ``KeyError`` (a missing section or profile is a lookup failure) whose
+    text is the plain message, not its ``repr``.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def load_params(path: str | os.PathLike = PARAMS_FILE) -> dict:
+    """Read a parameter file; a missing or non-mapping file is an error."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"parameter file {path} does not exist")
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path} must hold a mapping at top level, got {type(data).__name__}")
+    return data
+
+
+def default_profile(all_params: Mapping) -> str:
+    """The file's top-level ``profile`` (``cpu`` when absent)."""
+    return all_params.get("profile", "cpu")
+
+
+def _merge(base: Mapping, over: Mapping) -> dict:
+    """Deep merge: mappings key by key, anything else replaced by ``over``."""
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def resolve(all_params: Mapping, stage: str, profile: str | None = None) -> tuple[str, dict]:
+    """``(profile, parameters)`` of ``stage`` from an already-read parameter mapping.
+
+    A stage without a section resolves to ``{}`` (a stage may need none).
+    """
+    if profile is None:
+        profile = default_profile(all_params)
+    if profile not in PROFILES:
+        raise ParamsError(f"unknown profile {profile!r}; expected one of {PROFILES}")
+    section = all_params.get(stage)
+    if section is None:
+        return profile, {}
+    if not isinstance(section, Mapping):
+        raise ParamsError(f"params.yaml section {stage!r} must be a mapping of profiles")
+    unknown = sorted(set(section) - set(PROFILES) - {DEFAULTS})
+    if unknown:
+        raise ParamsError(f"params.yaml section {stage!r} has keys {unknown} that are neither "
+                          f"{DEFAULTS!r} nor a profile {PROFILES}; move them under {DEFAULTS!r} or a profile")
+    if profile not in section:
+        raise ParamsError(f"params.yaml section {stage!r} has no profile {profile!r} "
+                          f"(has: {sorted(k for k in section if k != DEFAULTS)})")
+    defaults = section.get(DEFAULTS) or {}
+    specific = section[profile] or {}
+    for name, part in ((DEFAULTS, defaults), (profile, specific)):
+        if not isinstance(part, Mapping):
+            raise ParamsError(f"params.yaml {stage}.{name} must be a mapping, got {type(part).__name__}")
+    return profile, _merge(defaults, specific)
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are YAML (numbers, lists, booleans)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ParamsError(f"override {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ParamsError(f"override {item!r} has an empty key")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def apply_overrides(params: Mapping, overrides: Mapping[str, Any]) -> dict:
+    """A deep copy of ``params`` with dotted-key overrides (``a.b``) applied."""
+    result = json.loads(json.dumps(params))  # deep copy of plain data, as the pipeline always did
+    for dotted, value in overrides.items():
+        keys = dotted.split(".")
+        node = result
+        for k in keys[:-1]:
+            if not isinstance(node.get(k), dict):
+                node[k] = {}
+            node = node[k]
+        node[keys[-1]] = value
+    return result
+
+
+def stage_params(
+    stage: str,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | Iterable[str] = (),
+    *,
+    path: str | os.PathLike | None = None,
+    params: Mapping | None = None,
+) -> tuple[str, dict]:
+    """``(profile, parameters)`` of ``stage``: defaults, the profile's changes, overrides.
+
+    ``profile`` defaults to the file's top-level ``profile``; ``overrides`` is
+    a mapping of dotted keys or ``key=value`` strings (YAML values). The file
+    is ``path`` (default: the repository's ``params.yaml``), or ``params`` an
+    already-read mapping.
+    """
+    all_params = params if params is not None else load_params(path if path is not None else PARAMS_FILE)
+    profile, resolved = resolve(all_params, stage, profile)
+    if not isinstance(overrides, Mapping):
+        overrides = parse_overrides(overrides)
+    return profile, apply_overrides(resolved, overrides)
