@@ -1,0 +1,149 @@
+"""Sharpness along a symmetry orbit (camera-ready Fig. 7, "orbit invariance").
+
+One language model, one batch.  Every attention pair ``(G, H)`` of the model (per head,
+Q/K and V/O) is moved to ``(G A, H A⁻ᵀ)`` with ``A = a·N``: ``N`` a standard Gaussian
+``h × h`` matrix drawn once per head and pair (fixed seed; almost surely invertible), ``a``
+a scale from 10⁻² to 10² (docs/maths.md, "The GL(h) building block").  The model computes
+the same function at every point of this orbit; the figure shows sharpness after / before:
+adaptive sharpness moves, geodesic sharpness stays at 1 up to the solver's arithmetic.
+
+Every sharpness call starts Auto-PGD from ξ = 0 with the same seed, so the search on the
+transformed model is the image of the search on the original one under the group action
+(the metrics, the horizontal projection and the geodesic step are equivariant): the
+geodesic ratio differs from 1 only by rounding, amplified by the conditioning of ``A``.
+Adaptive sharpness's elementwise ball ``‖δ ⊘ |θ|‖`` is invariant under the scalar part
+``a`` (Q scaled by ``a``, K by ``1/a``, each entry alike), so what moves it is ``N``: its
+ratio differs from 1 by the same amount at every ``a`` for one draw of ``N``.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import hideseek as hs
+from hideseek.symmetries import find_symmetries
+
+#: The measures of the figure: adaptive beside the two geodesic ones.
+ORBIT_MEASURES: dict[str, dict[str, Any]] = {
+    "adaptive": dict(measure="adaptive", p="l2"),
+    "geodesic_invariant": dict(measure="geodesic", metric="invariant"),
+    "geodesic_mixed": dict(measure="geodesic", metric="mixed"),
+}
+
+
+def draw_head_matrices(model: nn.Module, seed: int = 0) -> list[list[Tensor]]:
+    """One standard Gaussian ``h × h`` matrix per head and pair, in the order of
+    :func:`hideseek.find_symmetries` (block, then pair group): ``[[N of shape (count, h, h)]]``."""
+    gen = torch.Generator().manual_seed(seed)
+    params = dict(model.named_parameters())
+    out = []
+    for blk in find_symmetries(model):
+        out.append([torch.randn(G.shape[0], G.shape[-1], G.shape[-1], generator=gen, dtype=torch.float64)
+                    for G, _ in blk.split({n: params[n] for n in blk.param_names})])
+    return out
+
+
+@torch.no_grad()
+def act_on_heads(model: nn.Module, scale: float, matrices: Sequence[Sequence[Tensor]]) -> nn.Module:
+    """In place: every pair ``(G, H) → (G A, H A⁻ᵀ)`` with ``A = scale · N`` (``N`` from
+    :func:`draw_head_matrices` on the same architecture).  Computed in float64."""
+    if not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    params = dict(model.named_parameters())
+    blocks = find_symmetries(model)
+    if len(blocks) != len(matrices):
+        raise ValueError(f"{len(matrices)} sets of matrices for {len(blocks)} attention blocks; draw "
+                         "them with draw_head_matrices on this architecture")
+    for blk, Ns in zip(blocks, matrices):
+        pairs = blk.split({n: params[n] for n in blk.param_names})
+        new = []
+        for (G, H), N in zip(pairs, Ns):
+            A = scale * N.to(G.device)
+            G64, H64 = G.double(), H.double()
+            new.append(((G64 @ A).to(G.dtype), (H64 @ torch.linalg.inv(A).transpose(-1, -2)).to(H.dtype)))
+        for name, value in blk.merge(new).items():
+            params[name].copy_(value)
+    return model
+
+
+def _logits(model, x):
+    out = model(**x) if isinstance(x, Mapping) else model(x)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def orbit_ratios(model: nn.Module, batch: tuple[Any, Tensor], scales: Sequence[float],
+                 rho: Mapping[str, float], *, measures: Mapping[str, Mapping] | None = None,
+                 n_iters: int = 20, seed: int = 0, action_seeds: Sequence[int] = (0,),
+                 progress: bool = False):
+    """Sharpness of ``model`` on ``batch`` before and after the action ``A = a·N`` per head.
+
+    Returns a DataFrame with one row per (action seed, scale, measure): ``value`` (after),
+    ``before``, ``ratio`` = after / before, and ``max_logit_change`` (how far the action moved
+    the logits: rounding only, the function is unchanged).
+    """
+    import pandas as pd
+
+    measures = dict(measures or ORBIT_MEASURES)
+    missing = set(measures) - set(rho)
+    if missing:
+        raise ValueError(f"rho has no radius for measures {sorted(missing)}")
+    model = model.eval()
+    x, y = batch
+    logits0 = _logits(model, x).detach()
+
+    def measure(m, k):
+        return hs.sharpness(m, [(x, y)], rho=float(rho[k]), n_iters=n_iters, seed=seed,
+                            progress=False, **measures[k]).value
+
+    before = {k: measure(model, k) for k in measures}
+    rows = []
+    it = [(s, a) for s in action_seeds for a in scales]
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="orbit")
+    for aseed, a in it:
+        Ns = draw_head_matrices(model, seed=aseed)
+        moved = act_on_heads(copy.deepcopy(model), float(a), Ns)
+        with torch.no_grad():
+            change = float((_logits(moved, x) - logits0).abs().max() / logits0.abs().max())
+        for k in measures:
+            t0 = time.perf_counter()
+            v = measure(moved, k)
+            rows.append(dict(action_seed=aseed, scale=float(a), measure=k, value=v, before=before[k],
+                             ratio=v / before[k], max_logit_change=change,
+                             seconds=time.perf_counter() - t0))
+    return pd.DataFrame(rows)
+
+
+def summarise(frame) -> Any:
+    """Per measure: the ratios' range and their largest distance from 1 (log scale)."""
+    g = frame.assign(log_dev=np.abs(np.log(frame["ratio"]))).groupby("measure")
+    return g.agg(ratio_min=("ratio", "min"), ratio_max=("ratio", "max"),
+                 max_abs_log_ratio=("log_dev", "max"), max_logit_change=("max_logit_change", "max"))
+
+
+def run_orbit(params: Mapping[str, Any], *, progress: bool = True):
+    """The figure's data for one member of a trained language zoo.
+
+    ``params``: ``zoo_dir``, ``model`` (member name, default the first), ``data_seed`` and
+    ``batch_size`` (which training pairs: the first sharpness batch), ``scales`` (default
+    ``logspace(-2, 2, 9)``), ``rho`` (per measure), ``n_iters``, ``seed``, ``action_seeds``.
+    """
+    from companion.experiments import language_zoo as lz
+
+    p = dict(params)
+    zoo_dir = p["zoo_dir"]
+    zoo = lz.load_zoo(zoo_dir)
+    name = p.get("model") or zoo["models"][0]["name"]
+    bs = int(p.get("batch_size", 128))
+    batch = lz.sharpness_batches(zoo_dir, bs, bs, int(p.get("data_seed", 0)))[0]
+    model = lz.load_model(zoo_dir, name, p.get("device", "cpu"))
+    scales = [float(s) for s in (p.get("scales") or np.logspace(-2, 2, 9))]
+    return orbit_ratios(model, batch, scales, p["rho"], n_iters=int(p.get("n_iters", 20)),
+                        seed=int(p.get("seed", 0)), action_seeds=[int(s) for s in p.get("action_seeds", [0])],
+                        progress=progress).assign(model=name)
