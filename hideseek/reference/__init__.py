@@ -1,7 +1,7 @@
 """Slow, obviously-correct references for tests and notebooks (float64, small sizes).
 
 Nothing here is used by the fast path.  The metric tensor is written from the definitions
-of MATH.md §2 in coordinates ``θ = (vec G, vec H)``; Christoffel symbols come from its
+of docs/maths.md §2 in coordinates ``θ = (vec G, vec H)``; Christoffel symbols come from its
 derivatives (autograd, checked against finite differences), and geodesics from integrating
 ``θ̈ = −Γ(θ̇, θ̇)`` with RK4.  None of it uses the closed forms of
 :mod:`hideseek.geometry.gl`.
