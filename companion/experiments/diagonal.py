@@ -1,4 +1,4 @@
-"""Diagonal linear networks: Figure 3 and Table 1, row 1 (MATH.md section 8).
+"""Diagonal linear networks: Figure 3 and Table 1, row 1 (docs/maths.md §8).
 
 Setting (Pesme et al. 2021; Andriushchenko et al. 2023): Gaussian design
 ``X`` (n x d, n < d, entries N(0, 1)), a kappa-sparse ground truth ``beta*``
