@@ -1,4 +1,4 @@
-"""The scalar toy model (paper Appendix D; Figures 1 and 6; MATH.md section 9).
+"""The scalar toy model (paper Appendix D; Figures 1 and 6; docs/maths.md §9).
 
 Two scalars ``g, h``, one data point ``(x, y)``, loss ``L = (g h x - y)^2``,
 symmetry ``(g a, h / a)``: the GL(1) case of a pair with ``G = [[g]]`` and
