@@ -85,7 +85,7 @@ def test_reference_maximisers_dominate_random_search(small, rho):
 
 def test_interpolation_limit_closed_forms():
     """At an interpolating beta (g = 0): mixed = 2 rho^2 lam_max(A), and adaptive and
-    invariant both -> 2 rho^2 lam_max(D_beta A D_beta) as rho -> 0 (MATH.md section 8)."""
+    invariant both -> 2 rho^2 lam_max(D_beta A D_beta) as rho -> 0 (docs/maths.md §8.3)."""
     prob = D.make_problem(10, 20, 3, seed=2)
     beta = prob.beta_star.copy()   # interpolates exactly
     beta[beta == 0] = 0.05         # but not sparse; shift y so that beta interpolates
