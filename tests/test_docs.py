@@ -24,7 +24,7 @@ _FENCE = re.compile(r"```.*?```", re.S)
 _INLINE = re.compile(r"`([^`\n]+)`")
 _DOTTED = re.compile(r"(?<![\w.])(hideseek|companion|hs)((?:\.[A-Za-z_]\w*)+)")
 _TEST_REF = re.compile(r"(tests/[\w/]+\.py)?::(test_\w+)")
-_MATHS_REF = re.compile(r"docs/maths\.md\s*§\s*(\d+(?:\.\d+)?)(?:\s*[–-]\s*(\d+(?:\.\d+)?))?")
+_MATHS_REF = re.compile(r"docs/maths\.md`*,?\s*§\s*(\d+(?:\.\d+)?)(?:\s*[–-]\s*(\d+(?:\.\d+)?))?")
 _HEADING = re.compile(r"^#{2,3}\s+(\d+(?:\.\d+)?)\.?\s", re.M)
 
 
