@@ -14,19 +14,61 @@ import torch
 from torch import Tensor
 
 
+class UnsupportedAttentionError(ValueError):
+    """The model has attention whose GL(h) symmetry is broken or unknown to hideseek."""
+
+
 @dataclass(frozen=True)
 class PairGroup:
-    """One kind of pair inside a block: ``count`` pairs of shapes ``(n, h)`` and ``(m, h)``."""
+    """One kind of pair inside a block: ``count`` pairs of shapes ``(n, h)`` and ``(m, h)``.
+
+    The group acting on each pair is GL(h), ``(G, H) ↦ (G A, H A⁻ᵀ)``, unless ``rotary`` is
+    non-empty: then only the subgroup that commutes with rotary position embeddings acts
+    (``docs/maths.md``, grouped-query and rotary attention): one 2×2 block ``a I + c J`` per
+    column pair ``(i, j)`` in ``rotary`` (the columns a rotary embedding rotates together),
+    full GL on the columns in ``rotary_free``, zero elsewhere — GL(1, ℂ)^{r/2} × GL(h − r).
+    """
 
     kind: str          # "qk", "vo", or a user label
     count: int
     n: int
     m: int
     h: int
+    rotary: tuple[tuple[int, int], ...] = ()
+    rotary_free: tuple[int, ...] = ()
+    group_size: int = 1   # query heads per pair (grouped-query attention stacks them)
+
+    def __post_init__(self) -> None:
+        if self.rotary:
+            cols = sorted([c for p in self.rotary for c in p] + list(self.rotary_free))
+            if cols != list(range(self.h)):
+                raise ValueError(f"rotary pairs {self.rotary} and free columns {self.rotary_free} "
+                                 f"must partition the {self.h} columns of the pair")
+        elif self.rotary_free:
+            raise ValueError("rotary_free is only meaningful with rotary pairs")
 
     @property
-    def shape_key(self) -> tuple[int, int, int]:
-        return (self.n, self.m, self.h)
+    def shape_key(self) -> tuple:
+        return (self.n, self.m, self.h, self.rotary, self.rotary_free)
+
+    @property
+    def group_name(self) -> str:
+        """``"GL(h)"`` or, for rotary pairs, ``"GL(1,C)^{r/2} x GL(h-r)"``."""
+        if not self.rotary:
+            return f"GL({self.h})"
+        name = f"GL(1,C)^{len(self.rotary)}"
+        return name + (f" x GL({len(self.rotary_free)})" if self.rotary_free else "")
+
+    def lie_algebra_mask(self) -> Tensor:
+        """``(h, h)`` 0/1 mask of the entries a group element may have non-zero (all ones
+        for GL(h)); with rotary pairs, the entries of the 2×2 blocks and of the free block."""
+        mask = torch.zeros(self.h, self.h) if self.rotary else torch.ones(self.h, self.h)
+        for i, j in self.rotary:
+            mask[i, i] = mask[j, j] = mask[i, j] = mask[j, i] = 1
+        f = torch.tensor(self.rotary_free, dtype=torch.long)
+        if len(f):
+            mask[f.unsqueeze(1), f.unsqueeze(0)] = 1
+        return mask
 
 
 class SymmetryBlock:
@@ -43,11 +85,20 @@ class SymmetryBlock:
         raise NotImplementedError
 
     def describe(self) -> list[dict]:
-        return [dict(module=self.module, kind=g.kind, heads=g.count, head_width=g.h,
-                      G_shape=(g.n, g.h), H_shape=(g.m, g.h)) for g in self.groups]
+        out = []
+        for g in self.groups:
+            d = dict(module=self.module, kind=g.kind, heads=g.count, head_width=g.h,
+                     G_shape=(g.n, g.h), H_shape=(g.m, g.h), group=g.group_name)
+            if g.group_size > 1:
+                d["query_heads_per_pair"] = g.group_size
+            if g.rotary:
+                d["rotary"], d["rotary_free"] = g.rotary, g.rotary_free
+            out.append(d)
+        return out
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{g.kind}: {g.count}×GL({g.h}) G{g.n}×{g.h} H{g.m}×{g.h}"
+        parts = ", ".join(f"{g.kind}: {g.count}×{g.group_name} G{g.n}×{g.h} H{g.m}×{g.h}"
+                          + (f" ({g.group_size} query heads per pair)" if g.group_size > 1 else "")
                           for g in self.groups)
         return f"{type(self).__name__}({self.module!r}; {parts})"
 
@@ -83,38 +134,99 @@ def out_proj_from_heads(H: Tensor) -> Tensor:
     return H.permute(1, 0, 2).reshape(out, heads * width)
 
 
+def _select(index, rows):
+    if index is not None:
+        return torch.tensor(index, dtype=torch.long)
+    if rows is not None:
+        return slice(rows[0], rows[1])
+    return None
+
+
 @dataclass(frozen=True)
 class LinearRef:
-    """A (possibly row-sliced) linear map inside a model: ``weight[rows]``, ``bias[rows]``."""
+    """A linear map inside a model, possibly a row block of a packed projection.
+
+    Read in the ``(out, in)`` convention of ``nn.Linear``: ``weight[rows]``, ``bias[rows]``.
+    ``transposed=True`` for weights stored ``(in, out)`` (GPT-2's ``Conv1D``); ``rows`` then
+    select columns of the stored tensor.  ``rows`` is a ``(start, stop)`` range; ``index``
+    instead lists explicit rows (layouts interleaved per head, e.g. GPT-NeoX's
+    ``query_key_value``).  ``bias_rows`` / ``bias_index`` likewise for the bias (default: the
+    weight's rows)."""
 
     weight: str
     bias: str | None
     rows: tuple[int, int] | None = None        # rows of a packed weight
     bias_rows: tuple[int, int] | None = None   # rows of a packed bias
+    transposed: bool = False
+    index: tuple[int, ...] | None = None
+    bias_index: tuple[int, ...] | None = None
+
+    def weight_sel(self):
+        return _select(self.index, self.rows)
+
+    def bias_sel(self):
+        if self.bias_index is not None or self.bias_rows is not None:
+            return _select(self.bias_index, self.bias_rows)
+        return self.weight_sel()
 
     def get(self, params: Mapping[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         w = params[self.weight]
-        b = params[self.bias] if self.bias is not None else None
-        if self.rows is not None:
-            w = w[self.rows[0]:self.rows[1]]
-        if b is not None and self.bias_rows is not None:
-            b = b[self.bias_rows[0]:self.bias_rows[1]]
+        w = w.T if self.transposed else w
+        sel = self.weight_sel()
+        w = w if sel is None else w[sel]
+        b = None
+        if self.bias is not None:
+            b, sel = params[self.bias], self.bias_sel()
+            b = b if sel is None else b[sel]
         return w, b
 
 
-def _assemble(pieces: dict[str, list[tuple[int, Tensor]]]) -> dict[str, Tensor]:
-    """Concatenate row pieces ``(start, tensor)`` of packed parameters in order."""
-    out = {}
-    for name, items in pieces.items():
-        items = sorted(items, key=lambda it: it[0])
-        out[name] = items[0][1] if len(items) == 1 else torch.cat([t for _, t in items], dim=0)
-    return out
+class _Pieces:
+    """Row pieces of (possibly packed) parameters, put back together by :meth:`assemble`."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, list[tuple[object, Tensor]]] = {}
+        self.transposed: dict[str, bool] = {}
+
+    def add(self, name: str, sel, tensor: Tensor, transposed: bool = False) -> None:
+        self.items.setdefault(name, []).append((sel, tensor))
+        self.transposed[name] = transposed
+
+    def assemble(self) -> dict[str, Tensor]:
+        out = {}
+        for name, items in self.items.items():
+            if len(items) == 1 and items[0][0] is None:
+                t = items[0][1]
+            else:
+                total = sum(t.shape[0] for _, t in items)
+                pos = torch.cat([torch.arange(total)[s] if s is not None else torch.arange(total)
+                                 for s, _ in items])
+                if sorted(pos.tolist()) != list(range(total)):
+                    raise ValueError(f"{name}: the declared rows do not cover the packed parameter "
+                                     "exactly once")
+                t = torch.cat([t for _, t in items], dim=0)
+                if not torch.equal(pos, torch.arange(total)):
+                    t = t[torch.argsort(pos)]
+            out[name] = t.T if self.transposed[name] else t
+        return out
 
 
 @dataclass(repr=False, eq=False)
 class AttentionBlock(SymmetryBlock):
-    """Multi-head attention: one GL(d_k) pair per head for Q/K and one GL(d_v) per head for
-    V/O, biases appended as an extra row (MATH.md §1).  The output bias is not in a pair."""
+    """Multi-head attention as GL pairs (``docs/maths.md`` §1 and grouped-query attention).
+
+    Per key/value head ``g`` with the ``k = heads / kv_heads`` query heads ``j`` of its group:
+
+    * query/key: ``G = [W_Q⁽ʲ¹⁾; …; W_Q⁽ʲᵏ⁾]`` (each ``[W; bᵀ]``, stacked by rows, plus the rows of
+      any ``q_extra`` projections of the same head), ``H = W_K⁽ᵍ⁾`` (plus ``k_extra`` rows);
+    * value/output: ``G = [W_V⁽ᵍ⁾; b_V⁽ᵍ⁾ᵀ]``, ``H = [W_O⁽ʲ¹⁾ᵀ; …; W_O⁽ʲᵏ⁾ᵀ]``.
+
+    The function uses only ``G Hᵀ`` per pair, so ``(G A, H A⁻ᵀ)`` leaves it unchanged; plain
+    multi-head attention is ``kv_heads = heads``.  ``rotary`` / ``rotary_free`` restrict the
+    query/key group to the rotary subgroup (see :class:`PairGroup`).  ``q_extra`` / ``k_extra``:
+    further projections whose outputs meet the keys / queries in scores (DeBERTa-v2's
+    position projections ``pos_query_proj`` / ``pos_key_proj``).  The output bias is in no pair.
+    """
 
     module: str
     heads: int
@@ -125,49 +237,95 @@ class AttentionBlock(SymmetryBlock):
     param_names: tuple[str, ...] = field(init=False)
     groups: tuple[PairGroup, ...] = field(init=False)
     shapes: dict = field(default_factory=dict)
+    kv_heads: int | None = None
+    o_transposed: bool = False
+    rotary: tuple[tuple[int, int], ...] = ()
+    rotary_free: tuple[int, ...] = ()
+    q_extra: tuple[LinearRef, ...] = ()
+    k_extra: tuple[LinearRef, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.kv_heads is None:
+            self.kv_heads = self.heads
         names = []
-        for ref in (self.q, self.k, self.v):
+        for ref in (self.q, self.k, self.v, *self.q_extra, *self.k_extra):
             names += [ref.weight] + ([ref.bias] if ref.bias else [])
         names.append(self.o_weight)
         self.param_names = tuple(dict.fromkeys(names))
 
+    @property
+    def group_size(self) -> int:
+        return self.heads // self.kv_heads
+
+    def _wo(self, params):
+        wo = params[self.o_weight]
+        return wo.T if self.o_transposed else wo
+
     def bind(self, params: Mapping[str, Tensor]) -> "AttentionBlock":
         """Read shapes from actual parameters; checks that the head split is consistent."""
+        missing = [n for n in self.param_names if n not in params]
+        if missing:
+            raise UnsupportedAttentionError(f"{self.module}: no parameter(s) {missing} in the model")
         (wq, bq), (wk, bk), (wv, bv) = (r.get(params) for r in (self.q, self.k, self.v))
-        wo = params[self.o_weight]
-        hq = wq.shape[0]
-        if hq % self.heads or wk.shape[0] != hq or wv.shape[0] % self.heads \
-                or wo.shape[1] != wv.shape[0]:
-            raise ValueError(f"{self.module}: projection shapes {tuple(wq.shape)}, "
-                             f"{tuple(wk.shape)}, {tuple(wv.shape)}, {tuple(wo.shape)} do not "
-                             f"split into {self.heads} heads")
-        dk, dv = hq // self.heads, wv.shape[0] // self.heads
+        wo = self._wo(params)
+        H, KV = self.heads, self.kv_heads
+        shapes = f"q {tuple(wq.shape)}, k {tuple(wk.shape)}, v {tuple(wv.shape)}, o {tuple(wo.shape)} (out, in)"
+        if H <= 0 or KV <= 0 or H % KV:
+            raise UnsupportedAttentionError(f"{self.module}: {H} query heads cannot be grouped over "
+                                            f"{KV} key/value heads")
+        dk = wq.shape[0] // H
+        if wq.shape[0] != H * dk or wk.shape[0] != KV * dk or wv.shape[0] % KV \
+                or wo.shape[1] != H * (wv.shape[0] // KV) or dk == 0:
+            raise UnsupportedAttentionError(
+                f"{self.module}: projection shapes {shapes} do not split into {H} query heads and "
+                f"{KV} key/value heads (expected q rows = {H}·d_k, k rows = {KV}·d_k, v rows = "
+                f"{KV}·d_v, o columns = {H}·d_v); check heads/kv_heads (and transposed weights)")
+        for ref, rows in [(r, H * dk) for r in self.q_extra] + [(r, KV * dk) for r in self.k_extra]:
+            w, _ = ref.get(params)
+            if w.shape[0] != rows:
+                raise UnsupportedAttentionError(f"{self.module}: extra projection {ref.weight} has "
+                                                f"{w.shape[0]} rows, expected {rows}")
+        dv = wv.shape[0] // KV
+        k = H // KV
+        nq = sum(r.get(params)[0].shape[1] + (r.bias is not None) for r in (self.q, *self.q_extra))
+        nk = sum(r.get(params)[0].shape[1] + (r.bias is not None) for r in (self.k, *self.k_extra))
+        self._in_rows = {r: r.get(params)[0].shape[1]
+                         for r in (self.q, self.k, self.v, *self.q_extra, *self.k_extra)}
         self.groups = (
-            PairGroup("qk", self.heads, wq.shape[1] + (bq is not None), wk.shape[1] + (bk is not None), dk),
-            PairGroup("vo", self.heads, wv.shape[1] + (bv is not None), wo.shape[0], dv),
+            PairGroup("qk", KV, k * nq, nk, dk, self.rotary, self.rotary_free, k),
+            PairGroup("vo", KV, wv.shape[1] + (bv is not None), k * wo.shape[0], dv, (), (), k),
         )
         return self
 
     def split(self, params):
-        (wq, bq), (wk, bk), (wv, bv) = (r.get(params) for r in (self.q, self.k, self.v))
-        wo = params[self.o_weight]
+        KV, k = self.kv_heads, self.group_size
+        Gq = torch.cat([heads_from_linear(*r.get(params), self.heads) for r in (self.q, *self.q_extra)], 1)
+        Hk = torch.cat([heads_from_linear(*r.get(params), KV) for r in (self.k, *self.k_extra)], 1)
+        (wv, bv) = self.v.get(params)
+        Ho = heads_from_out_proj(self._wo(params), self.heads)
         return [
-            (heads_from_linear(wq, bq, self.heads), heads_from_linear(wk, bk, self.heads)),
-            (heads_from_linear(wv, bv, self.heads), heads_from_out_proj(wo, self.heads)),
+            (Gq.reshape(KV, k * Gq.shape[1], Gq.shape[2]), Hk),
+            (heads_from_linear(wv, bv, KV), Ho.reshape(KV, k * Ho.shape[1], Ho.shape[2])),
         ]
 
     def merge(self, pairs):
-        (Gq, Gk), (Gv, Ho) = pairs
-        pieces: dict[str, list[tuple[int, Tensor]]] = {}
-        for ref, G in ((self.q, Gq), (self.k, Gk), (self.v, Gv)):
-            w, b = linear_from_heads(G, ref.bias is not None)
-            pieces.setdefault(ref.weight, []).append((ref.rows[0] if ref.rows else 0, w))
-            if ref.bias is not None:
-                pieces.setdefault(ref.bias, []).append((ref.bias_rows[0] if ref.bias_rows else 0, b))
-        pieces.setdefault(self.o_weight, []).append((0, out_proj_from_heads(Ho)))
-        return _assemble(pieces)
+        (Gq, Hk), (Gv, Ho) = pairs
+        KV, H = self.kv_heads, self.heads
+        pieces = _Pieces()
+        Gq = Gq.reshape(H, Gq.shape[1] // self.group_size, Gq.shape[2])
+        for M, refs, heads in ((Gq, (self.q, *self.q_extra), H), (Hk, (self.k, *self.k_extra), KV),
+                               (Gv, (self.v,), KV)):
+            start = 0
+            for ref in refs:
+                rows = self._in_rows[ref] + (ref.bias is not None)
+                w, b = linear_from_heads(M[:, start:start + rows], ref.bias is not None)
+                start += rows
+                pieces.add(ref.weight, ref.weight_sel(), w, ref.transposed)
+                if ref.bias is not None:
+                    pieces.add(ref.bias, ref.bias_sel(), b)
+        wo = out_proj_from_heads(Ho.reshape(H, Ho.shape[1] // self.group_size, Ho.shape[2]))
+        pieces.add(self.o_weight, None, wo, self.o_transposed)
+        return pieces.assemble()
 
 
 @dataclass(repr=False, eq=False)

@@ -1,34 +1,43 @@
-"""Finding the GL(h) symmetries of attention in a model.
+"""Finding the GL symmetries of attention in a model.
 
-Supported (each gives one GL(d_k) pair per head for Q/K and one GL(d_v) per head for V/O):
+Every attention module found gives, per key/value head, one query/key pair and one
+value/output pair (``docs/maths.md`` §1; grouped-query attention stacks the query heads of
+a group).  Supported (``docs/model_support.md`` has the full table):
 
-* ``torch.nn.MultiheadAttention`` (packed ``in_proj_weight`` or separate q/k/v weights),
-  which covers open_clip's default ``ResidualAttentionBlock`` (vision and text towers);
-* open_clip's own ``Attention`` module (packed, without scaled-cosine / QK-norm / inner norm);
-* HuggingFace attention with ``query``/``key``/``value`` linears and a sibling
-  ``output.dense`` (BERT, RoBERTa, ELECTRA, MiniLM, older ViT), with ``q_proj``/``k_proj``/
-  ``v_proj`` and ``o_proj``/``out_proj`` (ViT in transformers ≥ 5, CLIP, …), or
-  ``q_lin``/``k_lin``/``v_lin``/``out_lin`` (DistilBERT).
+* ``torch.nn.MultiheadAttention`` (packed or separate q/k/v), which covers open_clip's
+  default ``ResidualAttentionBlock``; open_clip's own ``Attention``; timm's ViT ``Attention``
+  (packed ``qkv``, without QK-norm, scale-norm or gating);
+* Hugging Face attention with ``query/key/value`` (BERT, RoBERTa, ELECTRA, ALBERT, older ViT),
+  ``q_proj/k_proj/v_proj`` (ViT, CLIP, BART, Llama, Mistral, Qwen2, Phi, …), ``q_lin/k_lin/
+  v_lin`` (DistilBERT), ``q/k/v/o`` (T5: its relative position bias keeps GL),
+  ``query_proj/key_proj/value_proj`` (DeBERTa-v2, with its position projections stacked), and
+  an output ``o_proj/out_proj/out_lin/dense/o`` or a sibling ``output.dense``;
+* packed ``c_attn`` + ``c_proj`` (GPT-2, Conv1D weights stored (in, out)) and per-head packed
+  ``query_key_value`` + ``dense`` (GPT-NeoX, BLOOM: ALiBi is a score bias and keeps GL);
+* grouped-query and multi-query attention (``num_key_value_heads``);
+* rotary position embeddings (Llama, Mistral, Qwen2, GPT-NeoX, Phi, incl. partial rotary):
+  their query/key pairs carry the rotary subgroup (:class:`PairGroup`, ``rotary``), read from
+  the model's rotary module and its ``rotate_half``, value/output pairs keep full GL;
+* anything declared by hand with :func:`~hideseek.symmetries.declare_attention`.
 
-Attention in which GL(h) does not hold (rotary or relative position embeddings, scaled
-cosine attention, QK normalisation, normalisation between heads and output projection), and
-modules that look like attention but that no adapter recognises, raise
-:class:`UnsupportedAttentionError` unless ``on_unsupported="adaptive"`` is passed, in which
-case their parameters are left to the elementwise (adaptive) geometry.
+Attention whose symmetry is broken (QK-norm, scaled cosine attention, relative-key position
+embeddings, norms or gates between heads and output, learned bias keys/values) or whose layout
+no adapter knows raises :class:`UnsupportedAttentionError` with one line per module naming
+what was found, unless ``on_unsupported="adaptive"``: then those parameters are left to the
+elementwise (adaptive) geometry.
 """
 from __future__ import annotations
 
 import re
 import sys
 
+import torch
 from torch import nn
 
-from .base import AttentionBlock, LinearRef, SymmetryBlock
+from .base import AttentionBlock, LinearRef, SymmetryBlock, UnsupportedAttentionError
+from .declare import AttentionSpec, declared_spec, rotary_columns, _is_conv1d
 
-
-class UnsupportedAttentionError(ValueError):
-    """The model has attention whose GL(h) symmetry is broken or unknown to hideseek."""
-
+__all__ = ["UnsupportedAttentionError", "find_symmetries"]
 
 _NO_GL = "breaks the GL(h) symmetry of its query/key pairs"
 
@@ -37,38 +46,136 @@ def _linear(mod: nn.Module | None) -> bool:
     return isinstance(mod, nn.Linear)
 
 
+def _int_attr(objs, names) -> int | None:
+    for obj in objs:
+        for attr in names:
+            val = getattr(obj, attr, None)
+            if isinstance(val, int) and not isinstance(val, bool) and val > 0:
+                return val
+    return None
+
+
 def _num_heads(mod: nn.Module, model: nn.Module) -> int | None:
-    for attr in ("num_heads", "num_attention_heads", "n_heads", "n_head"):
-        val = getattr(mod, attr, None)
-        if isinstance(val, int) and val > 0:
-            return val
     cfg = getattr(mod, "config", None) or getattr(model, "config", None)
-    for attr in ("num_attention_heads", "n_heads", "num_heads"):
-        val = getattr(cfg, attr, None)
-        if isinstance(val, int) and val > 0:
-            return val
-    return None
+    return (_int_attr([mod], ("num_heads", "num_attention_heads", "n_heads", "n_head"))
+            or _int_attr([cfg], ("num_attention_heads", "n_heads", "num_heads", "n_head")))
 
 
-def _rope_reason(model: nn.Module) -> str | None:
-    cfg = getattr(model, "config", None)
-    if cfg is not None:
-        pet = getattr(cfg, "position_embedding_type", None)
-        if pet in ("rotary", "relative_key", "relative_key_query"):
-            return f"config.position_embedding_type={pet!r} {_NO_GL}"
-        for attr in ("rope_theta", "rotary_dim", "rotary_pct", "rope_scaling", "rope_parameters"):
-            if getattr(cfg, attr, None) is not None:
-                return f"config.{attr} is set: rotary position embeddings (RoPE) {_NO_GL}"
-    for name, mod in model.named_modules():
-        if "rotary" in type(mod).__name__.lower() or "rope" in type(mod).__name__.lower():
-            return f"module {name!r} ({type(mod).__name__}) applies rotary embeddings, which {_NO_GL}"
-    return None
+def _num_kv_heads(mod: nn.Module, model: nn.Module, heads: int) -> int:
+    kv = _int_attr([mod], ("num_key_value_heads", "num_kv_heads", "n_kv_heads"))
+    if kv is None:
+        groups = _int_attr([mod], ("num_key_value_groups", "num_kv_groups"))
+        if groups is not None:
+            kv = heads // groups
+    if kv is None:
+        cfg = getattr(mod, "config", None) or getattr(model, "config", None)
+        kv = _int_attr([cfg], ("num_key_value_heads", "num_kv_heads", "n_kv_heads"))
+    return kv or heads
 
 
 def _p(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _not_identity(mod) -> bool:
+    return isinstance(mod, nn.Module) and not isinstance(mod, nn.Identity)
+
+
+# ----------------------------------------------------------------------------- rotary
+_ROPE_CONFIG = ("rope_theta", "rotary_dim", "rotary_pct", "rope_scaling", "rope_parameters",
+                "partial_rotary_factor", "rotary_emb_base")
+
+
+class _Model:
+    """What discovery needs to know about the whole model, computed once."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.modules = dict(model.named_modules())
+        self.params = dict(model.named_parameters())
+        self.config = getattr(model, "config", None)
+        self.rotary_sizes = {}
+        for name, mod in self.modules.items():
+            inv = getattr(mod, "inv_freq", None)
+            if isinstance(inv, torch.Tensor) and "rot" in type(mod).__name__.lower():
+                self.rotary_sizes[name] = 2 * inv.numel()
+
+    def rope_in_config(self) -> str | None:
+        cfg = self.config
+        if cfg is None:
+            return None
+        if getattr(cfg, "position_embedding_type", None) == "rotary":
+            return "config.position_embedding_type='rotary'"
+        for attr in _ROPE_CONFIG:
+            if getattr(cfg, attr, None) not in (None, {}, 0):
+                return f"config.{attr} is set"
+        return None
+
+
+def _rotate_half_pairs(name: str, mod: nn.Module, r: int):
+    """Column pairs that ``rotate_half`` of ``mod``'s Python module rotates together, found by
+    applying it to the unit vectors: it must be a signed permutation ``P`` with ``P² = −I``
+    (a 90° rotation in each pair's plane)."""
+    fn = getattr(sys.modules.get(type(mod).__module__), "rotate_half", None)
+    if fn is None:
+        raise UnsupportedAttentionError(
+            f"{name}: rotary position embeddings (RoPE) are applied, but {type(mod).__module__} "
+            "has no rotate_half to read which columns they pair; declare the block with "
+            "hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
+    eye = torch.eye(r, dtype=torch.float64)
+    P = fn(eye)
+    ok = P.shape == (r, r) and bool(((P.abs() == 1).sum(1) == 1).all()) and bool(((P != 0).sum(1) == 1).all()) \
+        and torch.equal(P @ P, -eye)
+    if not ok:
+        raise UnsupportedAttentionError(
+            f"{name}: rotary position embeddings (RoPE) whose rotate_half is not a pairwise 90° "
+            "rotation of columns; hideseek cannot read its symmetry group")
+    partner = P.abs().argmax(1).tolist()
+    return tuple((i, partner[i]) for i in range(r) if i < partner[i])
+
+
+def _rotary(name: str, mod: nn.Module, info: _Model, dk: int):
+    """``(rotary_dims, pairing)`` of the rotary embedding applied in ``mod``, ``(0, "half")``
+    if none; refuses when the model has RoPE that cannot be read."""
+    r = _int_attr([mod], ("rotary_ndims", "rotary_dim"))
+    if r is None and info.rotary_sizes:
+        sizes = set(info.rotary_sizes.values())
+        if len(sizes) > 1:
+            raise UnsupportedAttentionError(
+                f"{name}: the model has rotary embeddings of different widths "
+                f"{sorted(info.rotary_sizes.items())}; hideseek cannot tell which this attention "
+                "uses; declare it with hideseek.declare_attention(..., rotary_dims=...)")
+        r = sizes.pop()
+    if r is None:
+        reason = info.rope_in_config()
+        if reason:
+            raise UnsupportedAttentionError(
+                f"{name}: {reason}: rotary position embeddings (RoPE) {_NO_GL}, and hideseek finds "
+                "no rotary module (inv_freq) to read which dims they rotate; declare the block "
+                "with hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
+        return 0, "half"
+    if r > dk:
+        raise UnsupportedAttentionError(f"{name}: rotary embeddings of width {r} exceed the head "
+                                        f"width {dk}")
+    return r, _rotate_half_pairs(name, mod, r)
+
+
+# ----------------------------------------------------------------------------- refusals
+_QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm",
+             "qk_norm", "ln_q", "ln_k")
+
+
+def _check_qk_norm(name: str, mod: nn.Module) -> None:
+    found = [c for c in _QK_NORMS if _not_identity(getattr(mod, c, None))]
+    if found:
+        raise UnsupportedAttentionError(
+            f"{name}: QK normalisation ({', '.join(found)}: {type(getattr(mod, found[0])).__name__}) "
+            f"normalises each query/key vector, which breaks the GL(h) symmetry of its query/key "
+            "pairs (and the subgroup rotary embeddings leave); the value/output pairs alone are "
+            "not offered")
+
+
+# ----------------------------------------------------------------------------- adapters
 def _mha_block(name: str, mod: nn.MultiheadAttention) -> AttentionBlock:
     if mod.bias_k is not None or mod.bias_v is not None:
         raise UnsupportedAttentionError(
@@ -89,9 +196,9 @@ def _mha_block(name: str, mod: nn.MultiheadAttention) -> AttentionBlock:
 def _openclip_block(name: str, mod: nn.Module) -> AttentionBlock:
     if getattr(mod, "logit_scale", None) is not None:
         raise UnsupportedAttentionError(f"{name}: scaled cosine attention normalises q and k, which {_NO_GL}")
-    if not isinstance(getattr(mod, "ln_q", nn.Identity()), nn.Identity):
+    if _not_identity(getattr(mod, "ln_q", None)):
         raise UnsupportedAttentionError(f"{name}: QK normalisation {_NO_GL}")
-    if not isinstance(getattr(mod, "ln_inner", nn.Identity()), nn.Identity):
+    if _not_identity(getattr(mod, "ln_inner", None)):
         raise UnsupportedAttentionError(f"{name}: a norm between the heads and the output "
                                         "projection breaks the GL(h) symmetry of value/output pairs")
     if getattr(mod, "head_scale", None) is not None:
@@ -103,11 +210,68 @@ def _openclip_block(name: str, mod: nn.Module) -> AttentionBlock:
     return AttentionBlock(name, mod.num_heads, q, k, v, _p(name, "out_proj.weight"))
 
 
-_HF_QKV = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"), ("q_lin", "k_lin", "v_lin"))
-_HF_OUT = ("o_proj", "out_proj", "out_lin")
+def _timm_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock:
+    _check_qk_norm(name, mod)
+    if _not_identity(getattr(mod, "norm", None)):
+        raise UnsupportedAttentionError(f"{name}: timm Attention(scale_norm=True) normalises the "
+                                        "heads before the output projection, which breaks the GL(h) "
+                                        "symmetry of its value/output pairs")
+    if getattr(mod, "gate", None) is not None:
+        raise UnsupportedAttentionError(f"{name}: timm Attention(gated=True) multiplies each head "
+                                        "output elementwise by a gate, which breaks the GL(h) symmetry "
+                                        "of its value/output pairs")
+    return AttentionSpec(name, mod.num_heads, qkv="qkv", o="proj").bind(info.params)
 
 
-def _hf_block(name: str, mod: nn.Module, modules: dict, model: nn.Module) -> AttentionBlock | None:
+def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
+    """``c_attn`` (+ ``q_attn`` for cross-attention) and ``c_proj``, Conv1D or Linear."""
+    c_attn, c_proj = getattr(mod, "c_attn", None), getattr(mod, "c_proj", None)
+    if not ((_is_conv1d(c_attn) or _linear(c_attn)) and (_is_conv1d(c_proj) or _linear(c_proj))):
+        return None
+    heads = _num_heads(mod, info.model)
+    if heads is None:
+        raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
+    transposed = _is_conv1d(c_attn)
+    if _is_conv1d(c_proj) != transposed:
+        raise UnsupportedAttentionError(f"{name}: c_attn and c_proj mix Conv1D and Linear")
+    kv_heads = 1 if getattr(mod, "multi_query", False) else None
+    q_attn = getattr(mod, "q_attn", None)
+    if getattr(mod, "is_cross_attention", False) and q_attn is not None:
+        spec = AttentionSpec(name, heads, o="c_proj", q="q_attn", kv="c_attn", kv_heads=kv_heads,
+                             transposed=transposed)
+    else:
+        spec = AttentionSpec(name, heads, o="c_proj", qkv="c_attn", kv_heads=kv_heads,
+                             transposed=transposed)
+    return spec.bind(info.params)
+
+
+_PER_HEAD_PACKED = ("GPTNeoXAttention", "BloomAttention")
+
+
+def _per_head_packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
+    """``query_key_value`` packed per head as ``[q k v]`` + ``dense`` (GPT-NeoX, BLOOM)."""
+    if not (_linear(getattr(mod, "query_key_value", None)) and _linear(getattr(mod, "dense", None))):
+        return None
+    if type(mod).__name__ not in _PER_HEAD_PACKED:
+        raise UnsupportedAttentionError(
+            f"{name}: {type(mod).__name__} packs query_key_value in a layout hideseek does not know "
+            "(it knows GPT-NeoX's and BLOOM's); declare it with hideseek.declare_attention(..., "
+            "qkv='query_key_value', layout='blocks' or 'per_head', ...)")
+    heads = _num_heads(mod, info.model)
+    if heads is None:
+        raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
+    dk = mod.query_key_value.out_features // (3 * heads)
+    r, pairing = _rotary(name, mod, info, dk)
+    return AttentionSpec(name, heads, o="dense", qkv="query_key_value", layout="per_head",
+                         rotary_dims=r, rotary_pairing=pairing).bind(info.params)
+
+
+_HF_QKV = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"), ("q_lin", "k_lin", "v_lin"),
+           ("query_proj", "key_proj", "value_proj"), ("q", "k", "v"))
+_HF_OUT = ("o_proj", "out_proj", "out_lin", "dense", "o")
+
+
+def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     for qn, kn, vn in _HF_QKV:
         if all(_linear(getattr(mod, c, None)) for c in (qn, kn, vn)):
             break
@@ -116,81 +280,129 @@ def _hf_block(name: str, mod: nn.Module, modules: dict, model: nn.Module) -> Att
     out = None
     for on in _HF_OUT:
         if _linear(getattr(mod, on, None)):
-            out = _p(name, on)
+            out = on
             break
+    root, rel = name, (lambda c: c)
     if out is None:  # BERT layout: <parent>.self.{query,key,value} + <parent>.output.dense
         parent = name.rsplit(".", 1)[0] if "." in name else ""
-        cand = _p(parent, "output.dense")
-        if _linear(modules.get(cand)):
-            out = cand
-    if out is None:
-        raise UnsupportedAttentionError(f"{name}: found query/key/value projections but no output "
-                                        "projection (o_proj/out_proj/out_lin or a sibling output.dense)")
-    heads = _num_heads(mod, model)
+        if not _linear(info.modules.get(_p(parent, "output.dense"))):
+            raise UnsupportedAttentionError(
+                f"{name}: found {qn}/{kn}/{vn} projections but no output projection "
+                f"({'/'.join(_HF_OUT)} or a sibling output.dense)")
+        own = name[len(parent) + 1:] if parent else name
+        root, rel, out = parent, (lambda c: f"{own}.{c}"), "output.dense"
+    _check_qk_norm(name, mod)
+    pet = getattr(mod, "position_embedding_type", None) or getattr(info.config, "position_embedding_type", None)
+    if getattr(mod, "distance_embedding", None) is not None or pet in ("relative_key", "relative_key_query"):
+        raise UnsupportedAttentionError(
+            f"{name}: relative-key position embeddings (position_embedding_type={pet!r}) add "
+            f"query·position and key·position terms with one table shared by all heads, which {_NO_GL}")
+    heads = _num_heads(mod, info.model)
+    wq, wk = getattr(mod, qn).weight, getattr(mod, kn).weight
+    head_dim = _int_attr([mod], ("head_dim", "attention_head_size", "key_value_proj_dim"))
+    if head_dim is not None and wq.shape[0] % head_dim == 0:
+        heads = wq.shape[0] // head_dim       # the module's own head width beats a shared config
     if heads is None:
         raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
-    refs = []
-    for c in (qn, kn, vn):
-        lin = getattr(mod, c)
-        refs.append(LinearRef(_p(_p(name, c), "weight"),
-                              _p(_p(name, c), "bias") if lin.bias is not None else None))
-    return AttentionBlock(name, heads, *refs, _p(out, "weight"))
+    kv_heads = _num_kv_heads(mod, info.model, heads)
+    if head_dim is not None and wk.shape[0] % head_dim == 0:
+        kv_heads = wk.shape[0] // head_dim
+    q_extra, k_extra = _deberta_extras(name, mod)
+    r, pairing = _rotary(name, mod, info, wq.shape[0] // heads)
+    spec = AttentionSpec(root, heads, o=rel(out) if out != "output.dense" else out,
+                         q=rel(qn), k=rel(kn), v=rel(vn), kv_heads=kv_heads, rotary_dims=r,
+                         rotary_pairing=pairing, q_extra=tuple(map(rel, q_extra)),
+                         k_extra=tuple(map(rel, k_extra)))
+    blk = spec.bind(info.params)
+    blk.module = name
+    return blk
+
+
+def _deberta_extras(name: str, mod: nn.Module) -> tuple[tuple, tuple]:
+    """DeBERTa-v2 relative attention: c2p scores ``Q_c K_rᵀ`` and p2c scores ``K_c Q_rᵀ`` with
+    ``Q_r``, ``K_r`` projections of the relative embeddings.  With ``share_att_key`` these are
+    the block's own ``query_proj``/``key_proj`` (GL acts on them already); otherwise
+    ``pos_query_proj`` joins the queries (G) and ``pos_key_proj`` the keys (H) of each head."""
+    if not getattr(mod, "relative_attention", False) or getattr(mod, "share_att_key", True):
+        return (), ()
+    types = set(getattr(mod, "pos_att_type", ()) or ())
+    unknown = types - {"c2p", "p2c"}
+    if unknown:
+        raise UnsupportedAttentionError(f"{name}: DeBERTa relative attention of types {sorted(unknown)} "
+                                        "is not supported (only c2p and p2c)")
+    q_extra = ("pos_query_proj",) if "p2c" in types and _linear(getattr(mod, "pos_query_proj", None)) else ()
+    k_extra = ("pos_key_proj",) if "c2p" in types and _linear(getattr(mod, "pos_key_proj", None)) else ()
+    return q_extra, k_extra
 
 
 _ATTN_LIKE = re.compile(r"attention|attn|selfatt", re.I)
 
 
+def _class_in(mod: nn.Module, module_name: str, cls_name: str) -> bool:
+    cls = getattr(sys.modules.get(module_name), cls_name, None)
+    return cls is not None and isinstance(mod, cls)
+
+
+def _block_for(name: str, mod: nn.Module, info: _Model) -> SymmetryBlock | None:
+    spec = declared_spec(name, mod)
+    if spec is not None:
+        return spec.bind(info.params)
+    if isinstance(mod, nn.MultiheadAttention):
+        return _mha_block(name, mod).bind(info.params)
+    # open_clip / timm classes, only if their packages are already loaded: a model cannot hold
+    # an instance of a class whose module was never imported (and importing them costs seconds)
+    if _class_in(mod, "open_clip.transformer", "Attention"):
+        return _openclip_block(name, mod).bind(info.params)
+    if _class_in(mod, "timm.layers.attention", "Attention"):
+        return _timm_block(name, mod, info)
+    for adapter in (_gpt2_block, _per_head_packed_block, _hf_block):
+        blk = adapter(name, mod, info)
+        if blk is not None:
+            return blk
+    return None
+
+
 def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[SymmetryBlock]:
-    """The GL(h) attention blocks of ``model``, in module order.
+    """The attention symmetry blocks of ``model``, in module order.
 
     Each block is readable (``print(block)``, ``block.describe()``): module path, kind
-    (``qk`` or ``vo``), number of heads and head width.
+    (``qk`` or ``vo``), number of pairs, head width, group (``GL(h)`` or the rotary subgroup)
+    and, for grouped-query attention, the query heads per pair.
 
     ``on_unsupported``: ``"raise"`` (default) for attention whose symmetry is broken or
     unknown, or ``"adaptive"`` to leave those parameters to the elementwise geometry.
     """
     if on_unsupported not in ("raise", "adaptive"):
         raise ValueError("on_unsupported must be 'raise' or 'adaptive'")
-    modules = dict(model.named_modules())
-    params = dict(model.named_parameters())
+    info = _Model(model)
     blocks: list[SymmetryBlock] = []
     problems: list[str] = []
-    rope = _rope_reason(model)
-    # open_clip's Attention, only if open_clip is already loaded: a model cannot hold an
-    # instance of a class whose module was never imported, and importing open_clip (with
-    # torchvision) costs seconds and ~200 MiB for every other model
-    open_clip_attention = getattr(sys.modules.get("open_clip.transformer"), "Attention", None)
-    for name, mod in modules.items():
+    handled: list[str] = []
+    for name, mod in info.modules.items():
+        if any(name.startswith(h + ".") for h in handled):
+            continue          # inside an attention module already found or refused
         try:
-            if isinstance(mod, nn.MultiheadAttention):
-                blk = _mha_block(name, mod)
-            elif open_clip_attention is not None and isinstance(mod, open_clip_attention):
-                blk = _openclip_block(name, mod)
-            else:
-                blk = _hf_block(name, mod, modules, model)
+            blk = _block_for(name, mod, info)
         except UnsupportedAttentionError as err:
             problems.append(str(err))
+            handled.append(name)
             continue
         if blk is not None:
-            blocks.append(blk.bind(params))
-    if rope and blocks:
-        problems.insert(0, rope)
-        blocks = []
-    covered = [b.module for b in blocks]
-    for name, mod in modules.items():
+            blocks.append(blk)
+            handled.append(name)
+    for name, mod in info.modules.items():
         if not name or not _ATTN_LIKE.search(type(mod).__name__):
             continue
-        if not any(p.startswith(name) and p != name for p in params):
+        if not any(p.startswith(name + ".") for p in info.params):
             continue  # parameter-free helper (e.g. a softmax wrapper)
-        if any(c == name or c.startswith(name + ".") or name.startswith(c + ".") for c in covered):
-            continue
-        if any(name in msg for msg in problems):
+        if any(h == name or h.startswith(name + ".") or name.startswith(h + ".") for h in handled):
             continue
         problems.append(f"{name}: {type(mod).__name__} looks like attention but no hideseek adapter "
-                        "recognises it")
+                        "recognises its projections; declare it with hideseek.declare_attention(...)")
+        handled.append(name)
     if problems and on_unsupported == "raise":
         raise UnsupportedAttentionError(
             "cannot apply the GL(h) attention geometry to this model:\n  - " + "\n  - ".join(problems)
             + "\nPass on_unsupported='adaptive' to treat these parameters elementwise (adaptive "
-            "geometry), or declare the pairs yourself with pairs=[...].")
+            "geometry), or declare the blocks yourself (hideseek.declare_attention).")
     return blocks
