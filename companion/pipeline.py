@@ -23,7 +23,12 @@ JSON are the results published:
 ``out_dir/data/*``                        ``reports/data/<stage>/``
 executed notebook                         ``reports/notebooks/<stage>.ipynb``
 ``out_dir/metrics/<stage>.json``          ``reports/metrics/<stage>.json``
+its headline (Table 1 stages only)        ``reports/headline/<stage>.json``
 ========================================  =====================================
+
+The headline (:func:`companion.metrics.headline`: τ per measure, intervals,
+ρ, model counts) is the small file DVC declares as ``metrics:``; the full
+metrics file is a plain output.
 
 Publishing first removes the stage's old metrics file, then swaps the folders
 and the notebook in with renames, and moves the metrics file in last, so the
@@ -47,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from companion import metrics as _metrics
 from companion import params as _params
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -204,6 +210,11 @@ def run_stage(
     with open(metrics_src, "w") as fh:
         json.dump(metrics, fh, indent=2, sort_keys=True)
         fh.write("\n")
+    try:
+        head = _metrics.headline(metrics)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PipelineError(f"stage {stage!r}: malformed table1 entry in its metrics ({exc!r}); "
+                            f"nothing published; executed notebook: {nb_out}") from exc
 
     # ---- publish: old marker out, folders and notebook in, marker in last
     metrics_dst = reports / "metrics" / f"{stage}.json"
@@ -227,6 +238,12 @@ def run_stage(
     nb_dst = reports / "notebooks" / f"{stage}.ipynb"
     nb_dst.parent.mkdir(parents=True, exist_ok=True)
     os.replace(nb_out, nb_dst)
+    # the DVC headline (reports/headline/<stage>.json), derived from the full metrics
+    head_dst = reports / "headline" / f"{stage}.json"
+    if head is not None:
+        _metrics.write_json(head_dst, head)
+    elif head_dst.exists():
+        os.replace(head_dst, trash / "headline.json")
     os.replace(metrics_src, metrics_dst)
     shutil.rmtree(staging, ignore_errors=True)
     try:

@@ -97,3 +97,61 @@ def test_run_publishes_then_failure_leaves_reports_untouched(tmp_path):
     after = {p: p.read_bytes() for p in reports.rglob("*") if p.is_file() and ".staging" not in str(p)}
     assert after == before
     assert main(["nostage", "--root", str(root)]) == 1
+
+
+# --------------------------------------------------------------------------- DVC headlines
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_headline_from_full_metrics(tmp_path):
+    from companion.metrics import headline, main as metrics_main, table1_entries, write_headline
+
+    full = {"stage": "s", "profile": "gpu", "big": {"x": list(range(50))},
+            "table1": [{"row": "vision", "variant": "held-out", "n_models": 3, "rho": {"adaptive": 0.4},
+                        "tau": {"adaptive": 0.5, "geodesic_mixed": -0.25},
+                        "ci": {"adaptive": [0.1, 0.9], "geodesic_mixed": [-0.7, 0.2]}},
+                       {"row": "vision", "variant": "all", "n_models": 6,
+                        "tau": {"adaptive": 0.4, "geodesic_mixed": -0.1}}]}
+    h = headline(full)
+    # printed scalars: the first entry's tau and model count; the rest only as (unprinted) lists
+    assert h["n"] == 3 and h["tau"] == {"adaptive": 0.5, "geodesic_mixed": -0.25}
+    assert [e["variant"] for e in h["table1"]] == ["held-out", "all"]
+    assert h["table1"][0]["ci"]["geodesic_mixed"] == [-0.7, 0.2] and "ci" not in h["table1"][1]
+    assert "big" not in h and "profile" not in h
+    assert table1_entries({"table1": full["table1"][0]}) == [full["table1"][0]]  # one entry, not a list
+    assert headline({"stage": "toy", "x": 1}) is None
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "s.json").write_text(json.dumps(full))
+    (tmp_path / "m" / "toy.json").write_text(json.dumps({"x": 1}))
+    assert metrics_main(["headline", "--metrics-dir", str(tmp_path / "m"), "--out-dir", str(tmp_path / "h")]) == 0
+    assert json.loads((tmp_path / "h" / "s.json").read_text()) == h
+    assert not (tmp_path / "h" / "toy.json").exists()
+    (tmp_path / "m" / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="bad.json must hold a JSON object"):
+        write_headline(tmp_path / "m" / "bad.json", tmp_path / "h")
+
+
+def test_committed_headlines_match_committed_full_metrics():
+    from companion.metrics import headline, read_metrics
+
+    heads = sorted((ROOT / "reports" / "headline").glob("*.json"))
+    assert {p.stem for p in heads} == {"diagonal", "vision", "language"}
+    for p in heads:
+        full = read_metrics(ROOT / "reports" / "metrics" / p.name)
+        assert json.loads(p.read_text()) == json.loads(json.dumps(headline(full))), p.name
+        # and the headline's first tau is what Table 1 prints for that stage
+        first = full["table1"][0] if isinstance(full["table1"], list) else full["table1"]
+        assert json.loads(p.read_text())["tau"] == first["tau"]
+
+
+def test_run_publishes_a_headline_for_a_table1_stage(tmp_path):
+    root = make_repo(tmp_path)
+    nb = nbformat.read(root / "notebooks" / "demo.ipynb", as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace(
+        '{"slope": params["slope"], "seen_profile": profile}',
+        '{"slope": params["slope"], "table1": {"row": "vision", "n_models": 2, "tau": {"adaptive": 0.5}}}')
+    nbformat.write(nb, root / "notebooks" / "demo.ipynb")
+    run_stage("demo", root=root, progress_bar=False)
+    head = json.loads((root / "reports" / "headline" / "demo.json").read_text())
+    assert head["n"] == 2 and head["tau"] == {"adaptive": 0.5}

@@ -1,8 +1,9 @@
 """Table 1: Kendall tau between sharpness and generalisation, paper beside ours.
 
 Every stage that contributes a row writes, in its metrics file
-``reports/metrics/<stage>.json``, a key ``"table1"`` holding one entry or a
-list of entries of the form::
+``reports/metrics/<stage>.json`` (layout: :mod:`companion.metrics`, read here
+with :func:`companion.metrics.table1_entries`), a key ``"table1"`` holding one
+entry or a list of entries of the form::
 
     {"row": "diagonal" | "vision" | "language",
      "variant": "closed forms",            # optional label, one line per variant
@@ -25,12 +26,13 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from companion.metrics import read_metrics, table1_entries
 
 MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
 MEASURE_TITLES = {"adaptive": "adaptive", "geodesic_invariant": "geodesic, invariant (metric 5/9)",
@@ -58,15 +60,8 @@ def collect(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
     if not mdir.is_dir():
         return out
     for path in sorted(mdir.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict) or "table1" not in data:
-            continue
-        entries = data["table1"]
-        entries = entries if isinstance(entries, list) else [entries]
-        for e in entries:
+        data = read_metrics(path)
+        for e in table1_entries(data):
             if e.get("row") not in out:
                 raise ValueError(f"{path}: table1 row {e.get('row')!r} is not one of {list(out)}")
             missing = [m for m in MEASURES if m not in e.get("tau", {})]

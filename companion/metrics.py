@@ -1,0 +1,182 @@
+"""The per-stage metrics files of the report pipeline, and their DVC headlines.
+
+Layout (defined here once; the notebooks write it, :mod:`companion.experiments.table1`
+and :func:`headline` read it):
+
+``reports/metrics/<stage>.json`` (full; a plain DVC output)
+    whatever the stage records, plus ``stage``, ``profile`` and ``params``
+    (added by :mod:`companion.pipeline`) and, for stages that contribute to
+    Table 1, a key ``table1``: one entry or a list of entries::
+
+        {"row": "diagonal" | "vision" | "language",
+         "variant": "held-out half",            # optional, one Table 1 line per entry
+         "tau": {measure: t, ...},              # Kendall tau of sharpness vs generalisation
+         "ci":  {measure: [lo, hi], ...},       # optional, bootstrap 95 % interval
+         "rho": r | {measure: r, ...},          # optional
+         "n_models": n}
+
+``reports/headline/<stage>.json`` (small; DVC ``metrics:``)
+    derived from the full file by :func:`headline`: the first Table 1 entry's
+    ``tau`` per measure and ``n`` (the scalars ``dvc metrics show`` prints, a
+    few columns for every stage), and, as lists DVC does not print, every
+    entry's interval, radius, variant and model count (``table1``).
+
+``python -m companion.metrics headline [--metrics-dir reports/metrics] [--out-dir reports/headline]``
+re-derives the headlines from existing full metrics (no sharpness is
+recomputed); :func:`companion.pipeline.run_stage` does the same after a stage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+METRICS_DIR = REPO_ROOT / "reports" / "metrics"
+HEADLINE_DIR = REPO_ROOT / "reports" / "headline"
+#: Columns of one τ row, in the order of the paper's Table 1.
+TAU_KEYS = ("tau", "ci_low", "ci_high", "pvalue", "rho", "tau_select", "tau_all", "ci_low_all", "ci_high_all")
+
+
+# --------------------------------------------------------------------------- writing (notebooks)
+
+
+def tau_records(table) -> dict[str, dict[str, Any]]:
+    """``{measure: {tau, ci_low, ci_high, pvalue, rho, tau_select, tau_all, …, n_eval, n_all}}``.
+
+    ``table`` is a per-measure τ table (columns ``measure``, :data:`TAU_KEYS`,
+    ``n_eval``, ``n_all``), e.g. ``VisionResults.table``.
+    """
+    return {name: {k: float(r[k]) for k in TAU_KEYS} | {"n_eval": int(r["n_eval"]), "n_all": int(r["n_all"])}
+            for name, r in table.set_index("measure").iterrows()}
+
+
+def table1_entry(row: str, variant: str, table, *, measures: Iterable[str] | None = None,
+                 models: str = "eval", n_models: int | None = None) -> dict[str, Any]:
+    """One Table 1 entry from a per-measure τ table.
+
+    ``models="eval"``: τ and interval on the held-out half (``tau``, ``ci_low``,
+    ``ci_high``); ``"all"``: over all models (``tau_all``, ``ci_low_all``,
+    ``ci_high_all``). ``n_models`` defaults to ``n_eval`` / ``n_all`` of the
+    table's first row.
+    """
+    if models not in ("eval", "all"):
+        raise ValueError(f"models must be 'eval' or 'all', got {models!r}")
+    sfx = "" if models == "eval" else "_all"
+    t = table.set_index("measure")
+    names = list(t.index) if measures is None else list(measures)
+    if n_models is None:
+        n_models = int(table["n_eval" if models == "eval" else "n_all"].iloc[0])
+    return {"row": row, "variant": variant,
+            "tau": {m: float(t.loc[m, "tau" + sfx]) for m in names},
+            "ci": {m: [float(t.loc[m, "ci_low" + sfx]), float(t.loc[m, "ci_high" + sfx])] for m in names},
+            "rho": {m: float(t.loc[m, "rho"]) for m in names},
+            "n_models": int(n_models)}
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def write_stage_metrics(out_dir: str | os.PathLike, stage: str, metrics: Mapping[str, Any]) -> Path:
+    """Write ``out_dir/metrics/<stage>.json`` (the file the pipeline publishes)."""
+    path = Path(out_dir) / "metrics" / f"{stage}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(metrics, fh, indent=2)
+    return path
+
+
+# --------------------------------------------------------------------------- reading (table1, headline)
+
+
+def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
+    """A full metrics file; invalid JSON or a non-object is an error naming the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def table1_entries(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Table 1 entries of a full metrics mapping (``[]`` when it has none)."""
+    entries = data.get("table1")
+    if entries is None:
+        return []
+    return list(entries) if isinstance(entries, list) else [entries]
+
+
+def headline(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The DVC headline of a full metrics mapping, ``None`` for a stage without Table 1 entries.
+
+    Printed by ``dvc metrics show`` (scalars): ``n`` and ``tau.<measure>`` of
+    the first entry (the held-out half where a stage reports one). Kept in the
+    file but not printed (DVC skips lists): ``table1``, every entry's
+    ``variant``, ``n_models``, ``rho``, ``tau`` and ``ci``.
+    """
+    entries = table1_entries(data)
+    if not entries:
+        return None
+    first = entries[0]
+    keep = ("variant", "n_models", "rho", "tau", "ci")
+    return {"n": first.get("n_models"), "tau": dict(first["tau"]),
+            "table1": [{k: e[k] for k in keep if k in e} for e in entries]}
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as sorted, indented JSON to ``path`` atomically (temporary file, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(_jsonable(obj), fh, indent=1, sort_keys=True, ensure_ascii=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def write_headline(full: str | os.PathLike, out_dir: str | os.PathLike = HEADLINE_DIR) -> Path | None:
+    """Derive ``out_dir/<stage>.json`` from the full metrics file ``full``; None if it has no Table 1 entry."""
+    full = Path(full)
+    head = headline(read_metrics(full))
+    if head is None:
+        return None
+    dst = Path(out_dir) / full.name
+    write_json(dst, head)
+    return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m companion.metrics", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    hd = sub.add_parser("headline", help="derive reports/headline/<stage>.json from the full metrics")
+    hd.add_argument("--metrics-dir", default=str(METRICS_DIR))
+    hd.add_argument("--out-dir", default=str(HEADLINE_DIR))
+    args = ap.parse_args(argv)
+    mdir = Path(args.metrics_dir)
+    if not mdir.is_dir():
+        print(f"error: metrics folder {mdir} does not exist; run a stage first", file=sys.stderr)
+        return 1
+    for full in sorted(mdir.glob("*.json")):
+        dst = write_headline(full, args.out_dir)
+        print(f"{full} -> {dst if dst else '(no Table 1 entry, no headline)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

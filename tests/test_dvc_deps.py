@@ -1,0 +1,154 @@
+"""dvc.yaml lists every project module each stage imports (transitively), so a code change re-runs it.
+
+For each stage: the modules named by its command (``python -m pkg.mod``; for
+``python -m companion.pipeline <stage>`` also the code cells of
+``notebooks/<stage>.ipynb``), then, with ``ast``, every import of a project
+module (``hideseek.*``, ``companion.*``, relative imports included) followed
+transitively. Each such file must be a ``deps:`` entry or lie below one.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("hideseek", "companion")
+
+
+def module_file(name: str) -> Path | None:
+    """The file of project module ``name`` (a package's ``__init__.py``), or None if not ours."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(tree: ast.AST, current: str | None, is_package: bool) -> set[str]:
+    """Absolute names of the modules ``tree`` imports (``from a import b``: ``a`` and ``a.b``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = current.split(".") if is_package else current.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    out = set()
+    for n in names:  # importing a.b.c runs a/__init__ and a/b/__init__ too
+        parts = n.split(".")
+        out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return out
+
+
+def closure(seeds: set[str], extra_trees: list[ast.AST] = ()) -> set[Path]:
+    files: set[Path] = set()
+    todo = set(seeds)
+    for tree in extra_trees:
+        todo |= imported_modules(tree, None, False)
+    while todo:
+        f = module_file(todo.pop())
+        if f is None or f in files:
+            continue
+        files.add(f)
+        tree = ast.parse(f.read_text(), filename=str(f))
+        todo |= imported_modules(tree, module_name(f), f.name == "__init__.py")
+    return files
+
+
+def notebook_trees(path: Path) -> list[ast.AST]:
+    nb = json.loads(path.read_text())
+    trees = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
+        trees.append(ast.parse(src, filename=str(path)))
+    return trees
+
+
+STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def stage_sources(stage: dict) -> tuple[set[str], list[Path]]:
+    argv = shlex.split(stage["cmd"])
+    assert argv[:2] == ["python", "-m"], f"unexpected command {stage['cmd']!r}"
+    modules = {argv[2]}
+    f = module_file(argv[2])
+    if f is not None and f.name == "__init__.py" and (f.parent / "__main__.py").is_file():
+        modules.add(f"{argv[2]}.__main__")  # python -m package runs package/__main__.py
+    notebooks = []
+    if argv[2] == "companion.pipeline":
+        notebooks.append(ROOT / "notebooks" / f"{argv[3]}.ipynb")
+    return modules, notebooks
+
+
+def covered(path: Path, deps: list[str]) -> bool:
+    rel = path.relative_to(ROOT)
+    return any(rel == Path(d) or Path(d) in rel.parents for d in deps)
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_stage_lists_every_imported_project_file(name):
+    stage = STAGES[name]
+    modules, notebooks = stage_sources(stage)
+    deps = [str(d) for d in stage.get("deps", [])]
+    for nb in notebooks:
+        assert covered(nb, deps), f"stage {name}: dvc.yaml deps lack {nb.relative_to(ROOT)}"
+    trees = [t for nb in notebooks for t in notebook_trees(nb)]
+    files = closure(modules, trees)
+    assert files, f"stage {name}: found no project module in {stage['cmd']!r}"
+    missing = sorted(str(f.relative_to(ROOT)) for f in files if not covered(f, deps))
+    assert not missing, f"stage {name}: dvc.yaml deps lack {missing}"
+
+
+def test_the_scanner_follows_relative_and_package_imports():
+    assert "companion.assets.__main__" in stage_sources({"cmd": "python -m companion.assets check"})[0]
+    # companion.assets.__main__ imports .manifest relatively; hideseek's __init__ pulls in its subpackages
+    files = {str(f.relative_to(ROOT)) for f in closure({"companion.assets.__main__"})}
+    assert "companion/assets/manifest.py" in files and "companion/assets/__init__.py" in files
+    assert "companion/__init__.py" in files
+    nb = [ast.parse("from hideseek.utils import set_threads\nimport companion.experiments.zoo as z")]
+    got = {str(f.relative_to(ROOT)) for f in closure(set(), nb)}
+    assert {"hideseek/utils.py", "hideseek/__init__.py", "companion/experiments/zoo.py"} <= got
+    assert not covered(ROOT / "hideseek/utils.py", ["hideseek/geometry", "hideseek/util"])
+    assert covered(ROOT / "hideseek/geometry/gl.py", ["hideseek/geometry"])
+
+
+def test_dvc_metrics_show_fits_a_100_column_terminal():
+    """Only the small headlines are DVC metrics, so the table stays readable."""
+    import shutil
+    import subprocess
+    import sys
+
+    dvc = shutil.which("dvc") or str(Path(sys.executable).parent / "dvc")
+    if not Path(dvc).exists():
+        pytest.skip("dvc not installed")
+    declared = [next(iter(m)) if isinstance(m, dict) else m
+                for st in STAGES.values() for m in st.get("metrics", [])]
+    assert declared and all(m.startswith("reports/headline/") for m in declared), declared
+    out = subprocess.run([dvc, "metrics", "show"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 + len(declared), out.stdout  # header + one row per headline file
+    assert max(map(len, lines)) <= 100, out.stdout
