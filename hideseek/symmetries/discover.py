@@ -224,24 +224,37 @@ def _timm_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock:
 
 
 def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
-    """``c_attn`` (+ ``q_attn`` for cross-attention) and ``c_proj``, Conv1D or Linear."""
+    """``c_attn`` (+ ``q_attn`` for cross-attention) and ``c_proj``: GPT-2 (Conv1D, packed
+    ``[Q; K; V]``) and GPT-BigCode (Linear; multi-query ``[Q; k; v]``, else per head)."""
     c_attn, c_proj = getattr(mod, "c_attn", None), getattr(mod, "c_proj", None)
     if not ((_is_conv1d(c_attn) or _linear(c_attn)) and (_is_conv1d(c_proj) or _linear(c_proj))):
         return None
+    cls = type(mod).__name__
+    if cls.endswith("GPT2Attention"):
+        layout, kv_heads = "blocks", None
+    elif cls == "GPTBigCodeAttention":
+        multi = bool(getattr(mod, "multi_query", False))
+        layout, kv_heads = ("blocks", 1) if multi else ("per_head", None)
+    else:
+        raise UnsupportedAttentionError(
+            f"{name}: {cls} packs c_attn in a layout hideseek does not know (it knows GPT-2's and "
+            "GPT-BigCode's); declare it with hideseek.declare_attention(..., qkv='c_attn', o='c_proj', "
+            "layout=..., kv_heads=...)")
     heads = _num_heads(mod, info.model)
     if heads is None:
         raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
     transposed = _is_conv1d(c_attn)
     if _is_conv1d(c_proj) != transposed:
         raise UnsupportedAttentionError(f"{name}: c_attn and c_proj mix Conv1D and Linear")
-    kv_heads = 1 if getattr(mod, "multi_query", False) else None
-    q_attn = getattr(mod, "q_attn", None)
-    if getattr(mod, "is_cross_attention", False) and q_attn is not None:
+    if getattr(mod, "is_cross_attention", False):
+        if layout == "per_head" or getattr(mod, "q_attn", None) is None:
+            raise UnsupportedAttentionError(f"{name}: this cross-attention layout is not supported; "
+                                            "declare it with hideseek.declare_attention(...)")
         spec = AttentionSpec(name, heads, o="c_proj", q="q_attn", kv="c_attn", kv_heads=kv_heads,
                              transposed=transposed)
     else:
         spec = AttentionSpec(name, heads, o="c_proj", qkv="c_attn", kv_heads=kv_heads,
-                             transposed=transposed)
+                             layout=layout, transposed=transposed)
     return spec.bind(info.params)
 
 

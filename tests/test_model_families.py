@@ -1,0 +1,465 @@
+"""Model families: the symmetry hideseek finds is the model's real symmetry.
+
+One declarative table (``FAMILIES``): per family a tiny random-init float64 model, where its
+attention weights are (written out here, independently of the library's split/merge), and
+the pairs hideseek must find.  For each family a random element of the symmetry group is
+applied *by hand* to the weights (docs/maths.md §1: query rows ← Aᵀ·rows, key rows ← A⁻¹·rows,
+value rows ← Bᵀ·rows, output columns ← columns·B⁻ᵀ, biases alike) and the outputs must not
+change; for rotary families A is block-diagonal ``a I + c J`` on the rotated column pairs
+(Hugging Face ``rotate_half``: i with i + r/2) and a full GL(d) element must change them.
+Non-rotary families: geodesic sharpness is unchanged by the action, adaptive sharpness is not.
+Each refusal has its message checked.
+"""
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hideseek as hs
+from hideseek.symmetries import (AttentionSpec, UnsupportedAttentionError, apply_random_action,
+                                 declare_attention, find_symmetries)
+
+transformers = pytest.importorskip("transformers")
+tr = transformers
+
+VOCAB, SEQ, BATCH = 40, 6, 3
+
+
+# ----------------------------------------------------------------------------- the by-hand action
+@dataclass
+class Att:
+    """Where one attention's weights live.  ``q``/``k``/``v``: ``(weight, bias, rows)`` with
+    ``rows(i)`` the output rows of query head i / key-value head i (out-convention);
+    ``o``: output weight, ``o_cols(j)`` the input columns query head j feeds."""
+
+    q: tuple
+    k: tuple
+    v: tuple
+    o: torch.Tensor
+    heads: int
+    kv: int
+    dk: int
+    dv: int
+    transposed: bool = False        # weights stored (in, out), GPT-2 Conv1D
+    q_extra: list = field(default_factory=list)   # (weight, bias) with q's rows
+    k_extra: list = field(default_factory=list)   # (weight, bias) with k's rows
+
+    def o_cols(self, j):
+        return torch.arange(j * self.dv, (j + 1) * self.dv)
+
+
+def _rows_left(W, b, rows, M, transposed):
+    """out-convention rows ← M · rows (bias entries alike)."""
+    if transposed:
+        W[:, rows] = W[:, rows] @ M.T
+    else:
+        W[rows] = M @ W[rows]
+    if b is not None:
+        b[rows] = M @ b[rows]
+
+
+@torch.no_grad()
+def act_by_hand(att: Att, A, B):
+    """``A[g]`` (dk × dk) on query/key pair g, ``B[g]`` (dv × dv) on value/output pair g."""
+    per = att.heads // att.kv
+    for g in range(att.kv):
+        Ainv, Binv = torch.linalg.inv(A[g]), torch.linalg.inv(B[g])
+        for j in range(g * per, (g + 1) * per):
+            W, b, rows = att.q
+            _rows_left(W, b, rows(j), A[g].T, att.transposed)
+            for We, be in att.q_extra:
+                _rows_left(We, be, rows(j), A[g].T, att.transposed)
+            cols = att.o_cols(j)
+            if att.transposed:
+                att.o[cols] = Binv @ att.o[cols]
+            else:
+                att.o[:, cols] = att.o[:, cols] @ Binv.T
+        W, b, rows = att.k
+        _rows_left(W, b, rows(g), Ainv, att.transposed)
+        for We, be in att.k_extra:
+            _rows_left(We, be, rows(g), Ainv, att.transposed)
+        W, b, rows = att.v
+        _rows_left(W, b, rows(g), B[g].T, att.transposed)
+
+
+def rand_gl(n, gen, scale=0.5):
+    """exp of a random matrix: invertible, condition number ~ e^{O(scale·√n)}."""
+    return torch.linalg.matrix_exp(scale * torch.randn(n, n, generator=gen, dtype=torch.float64))
+
+
+def rand_rotary(dk, r, gen):
+    """``a I + c J`` on each pair (i, i + r/2), i < r/2; GL on the columns r..dk−1."""
+    A = torch.zeros(dk, dk, dtype=torch.float64)
+    for i in range(r // 2):
+        j = i + r // 2
+        a, c = torch.randn(2, generator=gen, dtype=torch.float64)
+        A[i, i] = A[j, j] = a
+        A[i, j], A[j, i] = c, -c
+    if dk > r:
+        A[r:, r:] = rand_gl(dk - r, gen)
+    return A
+
+
+def act_family(fam, model, gen, full_gl=False):
+    for att in fam.layout(model):
+        r = fam.rotary_dims(att.dk)
+        A = [rand_gl(att.dk, gen) if (full_gl or not r) else rand_rotary(att.dk, r, gen)
+             for _ in range(att.kv)]
+        B = [rand_gl(att.dv, gen) for _ in range(att.kv)]
+        if full_gl:
+            B = [torch.eye(att.dv, dtype=torch.float64)] * att.kv
+        act_by_hand(att, A, B)
+
+
+# ----------------------------------------------------------------------------- layouts
+def sep(lin, width):
+    """Separate nn.Linear: head i owns rows i·width … (i+1)·width."""
+    return (lin.weight, lin.bias, lambda i: torch.arange(i * width, (i + 1) * width))
+
+
+def packed_blocks(W, b, start, width):
+    return (W, b, lambda i: torch.arange(start + i * width, start + (i + 1) * width))
+
+
+def packed_per_head(W, b, which, width):
+    return (W, b, lambda i: torch.arange(i * 3 * width + which * width, i * 3 * width + (which + 1) * width))
+
+
+def qkvo_layout(attn, heads, kv, dk, o, q="q_proj", k="k_proj", v="v_proj", **kw):
+    return Att(sep(getattr(attn, q), dk), sep(getattr(attn, k), dk), sep(getattr(attn, v), dk),
+               o.weight, heads, kv, dk, dk, **kw)
+
+
+def decoder_layout(heads, kv, o="o_proj"):
+    def layout(m):
+        out = []
+        for layer in m.model.layers:
+            a = layer.self_attn
+            dk = a.q_proj.out_features // heads
+            out.append(qkvo_layout(a, heads, kv, dk, getattr(a, o)))
+        return out
+    return layout
+
+
+def gpt2_layout(m):
+    out = []
+    for blk in m.transformer.h:
+        W, b = blk.attn.c_attn.weight, blk.attn.c_attn.bias
+        E = W.shape[0]
+        d = E // 4
+        out.append(Att(packed_blocks(W, b, 0, d), packed_blocks(W, b, E, d), packed_blocks(W, b, 2 * E, d),
+                       blk.attn.c_proj.weight, 4, 4, d, d, transposed=True))
+    return out
+
+
+def bigcode_mqa_layout(m):
+    out = []
+    for blk in m.transformer.h:
+        W, b = blk.attn.c_attn.weight, blk.attn.c_attn.bias
+        d = 4
+        E = W.shape[1]
+        out.append(Att(packed_blocks(W, b, 0, d), packed_blocks(W, b, E, d), packed_blocks(W, b, E + d, d),
+                       blk.attn.c_proj.weight, 4, 1, d, d))
+    return out
+
+
+def per_head_layout(path, heads):
+    def layout(m):
+        out = []
+        for layer in path(m):
+            W, b = layer.query_key_value.weight, layer.query_key_value.bias
+            d = W.shape[0] // (3 * heads)
+            out.append(Att(packed_per_head(W, b, 0, d), packed_per_head(W, b, 1, d), packed_per_head(W, b, 2, d),
+                           layer.dense.weight, heads, heads, d, d))
+        return out
+    return layout
+
+
+def t5_layout(m):
+    return [qkvo_layout(a, 4, 4, 4, a.o, q="q", k="k", v="v")
+            for a in m.modules() if isinstance(a, tr.models.t5.modeling_t5.T5Attention)]
+
+
+def albert_layout(m):
+    (a,) = [a for a in m.modules() if type(a).__name__ == "AlbertAttention"]   # shared by all layers
+    return [qkvo_layout(a, 4, 4, 4, a.dense, q="query", k="key", v="value")]
+
+
+def deberta_layout(m):
+    out = []
+    for layer in m.deberta.encoder.layer:
+        s = layer.attention.self
+        att = qkvo_layout(s, 4, 4, 4, layer.attention.output.dense, q="query_proj", k="key_proj",
+                          v="value_proj")
+        if hasattr(s, "pos_query_proj"):
+            att.q_extra.append((s.pos_query_proj.weight, s.pos_query_proj.bias))
+        if hasattr(s, "pos_key_proj"):
+            att.k_extra.append((s.pos_key_proj.weight, s.pos_key_proj.bias))
+        out.append(att)
+    return out
+
+
+def timm_layout(m):
+    out = []
+    for blk in m.blocks:
+        W, b = blk.attn.qkv.weight, blk.attn.qkv.bias
+        E = W.shape[1]
+        out.append(Att(packed_blocks(W, b, 0, 4), packed_blocks(W, b, E, 4), packed_blocks(W, b, 2 * E, 4),
+                       blk.attn.proj.weight, 4, 4, 4, 4))
+    return out
+
+
+class TinyGQA(nn.Module):
+    """A model no adapter knows: packed [Q; K; V] with 4 query heads over 2 key/value heads,
+    no rotary; declared by hand with declare_attention."""
+
+    def __init__(self, dim=16, heads=4, kv=2, classes=3):
+        super().__init__()
+        self.heads, self.kv, self.d = heads, kv, dim // heads
+        self.wqkv = nn.Linear(dim, (heads + 2 * kv) * self.d)
+        self.wo = nn.Linear(heads * self.d, dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        H, KV, d = self.heads, self.kv, self.d
+        q, k, v = self.wqkv(x).split([H * d, KV * d, KV * d], -1)
+        q = q.view(B, T, H, d).transpose(1, 2)
+        k = k.view(B, T, KV, d).transpose(1, 2).repeat_interleave(H // KV, 1)
+        v = v.view(B, T, KV, d).transpose(1, 2).repeat_interleave(H // KV, 1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / d ** 0.5, -1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, H * d)
+        return self.head(torch.tanh(self.wo(y)).mean(1))
+
+
+def tinygqa_layout(m):
+    W, b = m.wqkv.weight, m.wqkv.bias
+    return [Att(packed_blocks(W, b, 0, 4), packed_blocks(W, b, 16, 4), packed_blocks(W, b, 24, 4),
+                m.wo.weight, 4, 2, 4, 4)]
+
+
+# ----------------------------------------------------------------------------- batches and losses
+def lm_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    return {"input_ids": ids}, torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+
+
+def s2s_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    dec = torch.randint(0, VOCAB, (BATCH, 4), generator=g)
+    return {"input_ids": ids, "decoder_input_ids": dec}, torch.randint(0, VOCAB, (BATCH, 4), generator=g)
+
+
+def image_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(BATCH, 1, 8, 8, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (BATCH,), generator=g))
+
+
+def seq_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(BATCH, 5, 16, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (BATCH,), generator=g))
+
+
+def logits(out):
+    return out.logits if hasattr(out, "logits") else out
+
+
+def token_loss(out, y):
+    z = logits(out)
+    return F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
+
+
+def forward(model, x):
+    return logits(model(**x) if isinstance(x, dict) else model(x))
+
+
+# ----------------------------------------------------------------------------- builders
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=32, max_position_embeddings=32)
+
+
+def _hf(cls, cfg):
+    def build():
+        torch.manual_seed(0)
+        m = cls(cfg()).double().eval()
+        return m
+    return build
+
+
+def _timm(**kw):
+    def build():
+        from timm.models.vision_transformer import VisionTransformer
+        torch.manual_seed(0)
+        return VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16,
+                                 depth=2, num_heads=4, **kw).double().eval()
+    return build
+
+
+def _tinygqa():
+    torch.manual_seed(0)
+    m = TinyGQA().double().eval()
+    declare_attention(m, "", heads=4, kv_heads=2, qkv="wqkv", o="wo")
+    return m
+
+
+@dataclass
+class Family:
+    name: str
+    build: Callable
+    layout: Callable
+    batch: Callable
+    blocks: int                     # attention blocks hideseek must find
+    groups: list                    # (kind, count, h, query heads per pair) of the first block
+    rotary: float = 0.0             # fraction of the head columns rotary rotates (0: none)
+    loss: Callable | None = None
+
+    def rotary_dims(self, dk):
+        return int(dk * self.rotary)
+
+
+FAMILIES = [
+    Family("llama_gqa", _hf(tr.LlamaForCausalLM, lambda: tr.LlamaConfig(**COMMON, num_key_value_heads=2)),
+           decoder_layout(4, 2), lm_batch, 2, [("qk", 2, 8, 2), ("vo", 2, 8, 2)], rotary=1.0, loss=token_loss),
+    Family("llama_mha", _hf(tr.LlamaForCausalLM, lambda: tr.LlamaConfig(**COMMON)),
+           decoder_layout(4, 4), lm_batch, 2, [("qk", 4, 8, 1), ("vo", 4, 8, 1)], rotary=1.0, loss=token_loss),
+    Family("mistral_mqa", _hf(tr.MistralForCausalLM, lambda: tr.MistralConfig(**COMMON, num_key_value_heads=1)),
+           decoder_layout(4, 1), lm_batch, 2, [("qk", 1, 8, 4), ("vo", 1, 8, 4)], rotary=1.0, loss=token_loss),
+    Family("qwen2_gqa_bias", _hf(tr.Qwen2ForCausalLM, lambda: tr.Qwen2Config(**COMMON, num_key_value_heads=2)),
+           decoder_layout(4, 2), lm_batch, 2, [("qk", 2, 8, 2), ("vo", 2, 8, 2)], rotary=1.0, loss=token_loss),
+    Family("gpt_neox_partial_rotary",
+           _hf(tr.GPTNeoXForCausalLM, lambda: tr.GPTNeoXConfig(**COMMON, rotary_pct=0.5)),
+           per_head_layout(lambda m: [l.attention for l in m.gpt_neox.layers], 4), lm_batch, 2,
+           [("qk", 4, 8, 1), ("vo", 4, 8, 1)], rotary=0.5, loss=token_loss),
+    Family("phi_partial_rotary",
+           _hf(tr.PhiForCausalLM, lambda: tr.PhiConfig(**COMMON, partial_rotary_factor=0.5)),
+           decoder_layout(4, 4, o="dense"), lm_batch, 2, [("qk", 4, 8, 1), ("vo", 4, 8, 1)], rotary=0.5,
+           loss=token_loss),
+    Family("gpt2", _hf(tr.GPT2LMHeadModel, lambda: tr.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2,
+                                                                 n_head=4, n_positions=32)),
+           gpt2_layout, lm_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("gpt_bigcode_mqa",
+           _hf(tr.GPTBigCodeForCausalLM, lambda: tr.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=16, n_layer=2,
+                                                                     n_head=4, n_positions=32, multi_query=True)),
+           bigcode_mqa_layout, lm_batch, 2, [("qk", 1, 4, 4), ("vo", 1, 4, 4)], loss=token_loss),
+    Family("bloom_alibi", _hf(tr.BloomForCausalLM, lambda: tr.BloomConfig(vocab_size=VOCAB, hidden_size=16,
+                                                                          n_layer=2, n_head=4)),
+           per_head_layout(lambda m: [b.self_attention for b in m.transformer.h], 4), lm_batch, 2,
+           [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("t5_relative_bias",
+           _hf(tr.T5ForConditionalGeneration, lambda: tr.T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32,
+                                                                  num_layers=2, num_heads=4)),
+           t5_layout, s2s_batch, 6, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("albert_shared_layers",
+           _hf(tr.AlbertForMaskedLM, lambda: tr.AlbertConfig(vocab_size=VOCAB, embedding_size=8, hidden_size=16,
+                                                             num_hidden_layers=3, num_attention_heads=4,
+                                                             intermediate_size=32)),
+           albert_layout, lm_batch, 1, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("deberta_v2_no_relative",
+           _hf(tr.DebertaV2ForMaskedLM, lambda: tr.DebertaV2Config(**{**COMMON, "hidden_size": 16},
+                                                                   relative_attention=False)),
+           deberta_layout, lm_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("deberta_v2_relative",
+           _hf(tr.DebertaV2ForMaskedLM, lambda: tr.DebertaV2Config(
+               **{**COMMON, "hidden_size": 16}, relative_attention=True, pos_att_type=["c2p", "p2c"],
+               max_relative_positions=8, share_att_key=False)),
+           deberta_layout, lm_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("deberta_v2_relative_shared_key",
+           _hf(tr.DebertaV2ForMaskedLM, lambda: tr.DebertaV2Config(
+               **{**COMMON, "hidden_size": 16}, relative_attention=True, pos_att_type=["c2p", "p2c"],
+               position_buckets=4, share_att_key=True)),
+           deberta_layout, lm_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("timm_vit", _timm(), timm_layout, image_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)]),
+    Family("declared_gqa", _tinygqa, tinygqa_layout, seq_batch, 1, [("qk", 2, 4, 2), ("vo", 2, 4, 2)]),
+]
+ROTARY = [f for f in FAMILIES if f.rotary]
+PLAIN = [f for f in FAMILIES if not f.rotary]
+ids = lambda f: f.name   # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def built():
+    cache = {}
+
+    def get(fam):
+        if fam.name not in cache:
+            cache[fam.name] = fam.build()
+        return cache[fam.name]
+    return get
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=ids)
+def test_pairs_found(fam, built):
+    model = built(fam)
+    blocks = find_symmetries(model)
+    assert len(blocks) == fam.blocks
+    got = [(g.kind, g.count, g.h, g.group_size) for g in blocks[0].groups]
+    assert got == fam.groups
+    qk, vo = blocks[0].groups
+    assert vo.rotary == () and vo.group_name == f"GL({vo.h})"
+    r = fam.rotary_dims(qk.h)
+    assert qk.rotary == tuple((i, i + r // 2) for i in range(r // 2))
+    assert qk.rotary_free == (tuple(range(r, qk.h)) if r else ())
+    if r:
+        assert "GL(1,C)" in repr(blocks[0]) and "rotary" in blocks[0].describe()[0]
+    # split/merge round trip and the library's own random action
+    params = dict(model.named_parameters())
+    for blk in blocks:
+        for n, t in blk.merge(blk.split(params)).items():
+            assert torch.equal(t, params[n]), n
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=ids)
+def test_group_action_by_hand_leaves_outputs_unchanged(fam, built):
+    model = built(fam)
+    x, _ = fam.batch()
+    before = forward(model, x)
+    moved = copy.deepcopy(model)
+    act_family(fam, moved, torch.Generator().manual_seed(1))
+    change = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), moved.parameters()))
+    assert change > 1e-2, "the action did not move the weights"
+    assert rel(forward(moved, x), before) < 1e-10
+    lib = apply_random_action(copy.deepcopy(model), generator=torch.Generator().manual_seed(2), log_cond=1.5)
+    assert rel(forward(lib, x), before) < 1e-10
+
+
+@pytest.mark.parametrize("fam", ROTARY, ids=ids)
+def test_full_gl_on_rotary_query_key_changes_outputs(fam, built):
+    """The restriction is needed: a generic GL(d) element on the rotary Q/K pairs changes
+    the function (value/output left alone)."""
+    model = built(fam)
+    x, _ = fam.batch()
+    moved = copy.deepcopy(model)
+    act_family(fam, moved, torch.Generator().manual_seed(1), full_gl=True)
+    assert rel(forward(moved, x), forward(model, x)) > 1e-6
+
+
+SHARP = dict(rho=0.5, n_iters=3, progress=False)
+
+
+@pytest.mark.parametrize("fam", PLAIN, ids=ids)
+def test_geodesic_sharpness_invariant_adaptive_not(fam, built):
+    model = built(fam)
+    moved = copy.deepcopy(model)
+    act_family(fam, moved, torch.Generator().manual_seed(1))
+    batches = [fam.batch(seed=3)]
+    paired = {n for b in find_symmetries(model) for n in b.param_names}
+    others = [n for n, _ in model.named_parameters() if n not in paired]
+    kw = dict(SHARP, exclude=others, loss_fn=fam.loss)
+    a = hs.sharpness(model, batches, measure="geodesic", **kw).value
+    b = hs.sharpness(moved, batches, measure="geodesic", **kw).value
+    assert a > 0 and abs(a - b) <= 1e-7 * abs(a), (a, b)
+    a = hs.sharpness(model, batches, measure="adaptive", **kw).value
+    b = hs.sharpness(moved, batches, measure="adaptive", **kw).value
+    assert abs(a - b) > 0.02 * abs(a), (a, b)
