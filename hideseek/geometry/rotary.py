@@ -54,12 +54,12 @@ _CHUNK_ELEMENTS = 1 << 24   # bound on the (B, chunk, h, h) buffers of the set-u
 
 
 def check_rotary_columns(h: int, rotary, rotary_free=None) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-    """Validate column pairs ``rotary`` and free columns ``rotary_free`` (default: the
-    columns in no pair) of a head of width ``h``: together they must use every column once."""
+    """Validate column pairs ``rotary`` and free columns ``rotary_free`` (``None`` or empty:
+    the columns in no pair) of a head of width ``h``: together they must use every column once."""
     rot = tuple((int(i), int(j)) for i, j in rotary)
     used = [c for pair in rot for c in pair]
-    free = tuple(c for c in range(h) if c not in set(used)) if rotary_free is None \
-        else tuple(int(c) for c in rotary_free)
+    free = tuple(int(c) for c in rotary_free) if rotary_free else \
+        tuple(c for c in range(h) if c not in set(used))
     cols = sorted(used + list(free))
     if cols != list(range(h)):
         raise ValueError(f"rotary column pairs {rot} and free columns {free} must use each of the "
@@ -139,7 +139,7 @@ class RotaryPairGeometry(PairGeometry):
         Column pairs ``(i, j)`` of a head rotated together (the same for every head of the
         stack).
     rotary_free:
-        Columns with the full GL (not rotated); default: every column in no pair.
+        Columns with the full GL (not rotated); ``None`` or empty: every column in no pair.
     """
 
     rotary: tuple[tuple[int, int], ...] = ()
