@@ -33,6 +33,47 @@ def test_spec_from_dict_rejects_unknown_keys():
     assert spec.model.hidden_size == 16 and spec.finetune.n_models == 2 and spec.max_length == 40
 
 
+def test_spec_checks_gap_threads_workers():
+    assert lz.ZooSpec.from_dict({}).gap == "test" and lz.ZooSpec.from_dict({}).threads is None
+    spec = lz.ZooSpec.from_dict({"gap": "dev", "threads": 1, "workers": 2})
+    assert (spec.gap, spec.threads, spec.workers) == ("dev", 1, 2)
+    assert lz.ZooSpec.from_dict(spec.to_dict()) == spec      # zoo.json's spec reads back
+    with pytest.raises(ValueError, match="gap must be one of"):
+        lz.ZooSpec.from_dict({"gap": "hans"})
+    with pytest.raises(ValueError, match=">= 1"):
+        lz.ZooSpec.from_dict({"workers": 0})
+    with pytest.raises(ValueError, match="cpu"):
+        lz.ZooSpec.from_dict({"workers": 2, "device": "cuda"})
+
+
+def test_evaluate_gap_choice(tiny_zoo):
+    out, zoo = tiny_zoo
+    spec = lz.ZooSpec.from_dict(zoo["spec"])
+    data = lz.prepare_data(spec, out / "corpus", save=False)
+    model = lz.load_model(out, "model_000")
+    dev, test = lz.evaluate(model, data, "dev"), lz.evaluate(model, data, "test")
+    assert dev["gap"] == dev["dev_error"] - dev["train_error"] == dev["gap_in_distribution"]
+    assert test["gap"] == test["test_error"] - test["train_error"] == dev["gap_hans"]
+    assert dev["train_error"] == zoo["models"][0]["train_error"]   # saved model = recorded errors
+
+
+@pytest.mark.slow  # two spawned processes import torch and transformers: ~20 s on a quiet machine
+def test_workers_and_threads_change_no_member(tiny_zoo, tmp_path):
+    """Two spawned worker processes train the same members as the serial loop, bitwise;
+    the thread count in force is restored afterwards."""
+    out, zoo = tiny_zoo
+    was = torch.get_num_threads()
+    spec = lz.ZooSpec.from_dict({**TINY, "workers": 2, "threads": 1})
+    par = lz.train_zoo(spec, tmp_path / "par", progress=False)
+    assert torch.get_num_threads() == was
+    for a, b in zip(zoo["models"], par["models"]):
+        assert (a["name"], a["train_error"], a["final_train_loss"]) == (b["name"], b["train_error"],
+                                                                      b["final_train_loss"])
+        s1 = lz.load_model(out, a["name"]).state_dict()
+        s2 = lz.load_model(tmp_path / "par", b["name"]).state_dict()
+        assert all(torch.equal(s1[k], s2[k]) for k in s1), a["name"]
+
+
 def test_mask_tokens_follows_bert_recipe():
     gen = torch.Generator().manual_seed(0)
     n_special, vocab, mask_id = len(nc.SPECIAL_TOKENS), 51, 4
@@ -102,7 +143,10 @@ def test_zoo_folder(tiny_zoo):
     assert (out / "pretrained" / "config.json").is_file()
     assert [m["seed"] for m in zoo["models"]] == [7, 8]
     for rec in zoo["models"]:
-        assert rec["gap"] == pytest.approx(rec["test_error"] - rec["train_error"])
+        assert rec["gap"] == pytest.approx(rec["test_error"] - rec["train_error"])  # default gap: "test"
+        assert rec["gap_hans"] == rec["gap"]
+        assert rec["gap_in_distribution"] == pytest.approx(rec["dev_error"] - rec["train_error"])
+        assert rec["cpu_seconds"] > 0
         assert 0.0 <= rec["train_error"] <= 1.0 and 0.0 <= rec["test_error"] <= 1.0
         assert set(rec["test_error_by_template"]) <= set(nc.TEST_WEIGHTS)
         # the saved model reproduces the recorded test error, counted independently here

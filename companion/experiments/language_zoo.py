@@ -11,7 +11,20 @@ al. (2020), which differ only in the fine-tuning seed. The ``cpu`` analogue:
    same hyperparameters and different seeds; the seed sets the classifier
    initialisation, the data order and the dropout masks, as in McCoy et al.
 
-Generalisation gap = test error - train error (errors in [0, 1]).
+Generalisation gap (errors in [0, 1]): ``gap = "dev"``, the paper's, is the
+in-distribution dev error minus the train error (McCoy et al.'s runs on MNLI
+dev-matched); ``gap = "test"`` the HANS-like test error minus the train error. Every
+member records both (``gap_in_distribution``, ``gap_hans``); ``gap`` is the chosen one.
+
+Reproducibility. Training runs under ``torch.use_deterministic_algorithms`` with every
+random source seeded (corpus, classifier initialisation, data order, dropout, MLM
+masking), and with a fixed number of intra-op threads (``threads``): the same member
+trained twice, in fresh processes, with the same thread count and the same CPU kernels
+is bitwise identical. A different thread count or a processor with other vector units
+(CPU kernels are chosen at run time: AVX-512 / AVX2 / ...) rounds differently, and a
+fine-tune amplifies the difference; ``reports/zoo_reproducibility.md`` gives the
+measured spread. ``workers`` trains members in parallel processes (one thread each)
+without changing any member.
 
 Command line (the DVC stage ``language_train``)::
 
@@ -44,6 +57,8 @@ from hideseek.utils import resolve_device
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ZOO_FORMAT = 1
+#: ``gap`` setting -> the split whose error the recorded gap subtracts the train error from
+GAP_SPLITS = {"dev": "gap_in_distribution", "test": "gap_hans"}
 
 
 # ----------------------------------------------------------------------------
@@ -90,6 +105,13 @@ class ZooSpec:
     finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
     max_length: int = 40
     device: str = "cpu"  # "cpu", "cuda" or "auto" (cuda when available)
+    # which error the recorded `gap` subtracts the train error from: "test" (HANS-like), "dev"
+    # (in-distribution, the paper's)
+    gap: str = "test"
+    # intra-op threads while training (None: leave torch's setting); results depend on it
+    threads: int | None = None
+    # parallel fine-tuning processes (one thread each); does not change any member
+    workers: int = 1
     # "scratch": BERT of `model`, MLM pre-trained once on the corpus; "minilm" or a saved BERT
     # folder: fine-tune that pre-trained model instead (companion.experiments.minilm)
     base: str = "scratch"
@@ -99,7 +121,9 @@ class ZooSpec:
         """From the nested ``params.yaml`` dict; unknown keys are an error."""
         parts = {"corpus": nc.CorpusSpec, "model": ModelSpec,
                  "pretrain": PretrainSpec, "finetune": FinetuneSpec}
-        unknown = set(d) - set(parts) - {"max_length", "device", "base"}
+        scalars = {"max_length": int, "device": str, "base": str, "gap": str,
+                   "threads": lambda v: None if v is None else int(v), "workers": int}
+        unknown = set(d) - set(parts) - set(scalars)
         if unknown:
             raise ValueError(f"unknown language zoo settings {sorted(unknown)}")
         kw: dict[str, Any] = {}
@@ -110,13 +134,17 @@ class ZooSpec:
             if bad:
                 raise ValueError(f"unknown {key} settings {sorted(bad)}; known: {sorted(names)}")
             kw[key] = typ(**sub)
-        if "max_length" in d:
-            kw["max_length"] = int(d["max_length"])
-        if "device" in d:
-            kw["device"] = str(d["device"])
-        if "base" in d:
-            kw["base"] = str(d["base"])
-        return cls(**kw)
+        for key, conv in scalars.items():
+            if key in d:
+                kw[key] = conv(d[key])
+        spec = cls(**kw)
+        if spec.gap not in GAP_SPLITS:
+            raise ValueError(f"gap must be one of {sorted(GAP_SPLITS)}, got {spec.gap!r}")
+        if spec.workers < 1 or (spec.threads is not None and spec.threads < 1):
+            raise ValueError(f"workers and threads must be >= 1, got {spec.workers} and {spec.threads}")
+        if spec.workers > 1 and spec.device != "cpu":
+            raise ValueError("workers > 1 is for cpu training; use workers: 1 on a GPU")
+        return spec
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -225,9 +253,12 @@ class Data:
     encoded: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]]
 
 
-def prepare_data(spec: ZooSpec, corpus_dir: str | Path) -> Data:
+def prepare_data(spec: ZooSpec, corpus_dir: str | Path, save: bool = True) -> Data:
+    """Generate the corpus (deterministic given ``spec.corpus``), write it to ``corpus_dir``
+    unless ``save=False`` (it must then hold ``vocab.txt`` already), and encode it."""
     splits = nc.make_corpus(spec.corpus)
-    nc.save_corpus(splits, corpus_dir)
+    if save:
+        nc.save_corpus(splits, corpus_dir)
     if spec.base == "scratch":
         tok = nc.make_tokenizer(Path(corpus_dir) / "vocab.txt")
     else:  # a pre-trained base model reads the corpus with its own tokenizer
@@ -331,8 +362,9 @@ def finetune(spec: ZooSpec, data: Data, pretrained_dir: str | Path, seed: int,
     return model, losses
 
 
-def evaluate(model, data: Data) -> dict[str, Any]:
-    """Train / dev / test errors, the gap, and the test error per template."""
+def evaluate(model, data: Data, gap: str = "test") -> dict[str, Any]:
+    """Train / dev / test errors, both gaps, ``gap`` (the one named by ``gap``, see
+    :data:`GAP_SPLITS`), and the test error per template."""
     out: dict[str, Any] = {}
     for split in ("train", "dev", "test"):
         inputs, labels = data.encoded[split]
@@ -343,7 +375,9 @@ def evaluate(model, data: Data) -> dict[str, Any]:
             for e, p_ in zip(data.splits[split], pred):
                 per.setdefault(e.template, []).append(bool(p_ != e.label))
             out["test_error_by_template"] = {k: float(np.mean(v)) for k, v in sorted(per.items())}
-    out["gap"] = out["test_error"] - out["train_error"]
+    out["gap_in_distribution"] = out["dev_error"] - out["train_error"]
+    out["gap_hans"] = out["test_error"] - out["train_error"]
+    out["gap"] = out[GAP_SPLITS[gap]]
     return out
 
 
@@ -351,8 +385,86 @@ def model_name(i: int) -> str:
     return f"model_{i:03d}"
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(n)`` inside the block (nothing when ``n`` is None)."""
+    if n is None:
+        yield
+        return
+    was = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
+
+
+def train_member(spec: ZooSpec, data: Data, base_dir: str | Path, out: str | Path, i: int) -> dict:
+    """Fine-tune member ``i`` (seed ``base_seed + i``), save it under ``out``, return its record."""
+    seed = spec.finetune.base_seed + i
+    t1, c1 = time.perf_counter(), time.process_time()
+    model, losses = finetune(spec, data, base_dir, seed)
+    secs, cpu = time.perf_counter() - t1, time.process_time() - c1
+    rec = {"name": model_name(i), "path": model_name(i), "seed": seed,
+           **evaluate(model, data, spec.gap), "final_train_loss": float(np.mean(losses[-20:])),
+           "seconds": secs, "cpu_seconds": cpu, "hyperparameters": {**asdict(spec.finetune), "seed": seed},
+           "n_parameters": sum(p.numel() for p in model.parameters())}
+    rec["hyperparameters"].pop("n_models")
+    rec["hyperparameters"].pop("base_seed")
+    model.to("cpu").save_pretrained(Path(out) / rec["path"])
+    return rec
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(spec_dict: dict, corpus_dir: str, threads: int) -> None:
+    torch.set_num_threads(threads)
+    spec = ZooSpec.from_dict(spec_dict)
+    _WORKER.update(spec=spec, data=prepare_data(spec, corpus_dir, save=False))
+
+
+def _worker_member(base_dir: str, out: str, i: int) -> dict:
+    return train_member(_WORKER["spec"], _WORKER["data"], base_dir, out, i)
+
+
+def _train_members(spec: ZooSpec, data: Data, base_dir: Path, out: Path, progress: bool) -> list[dict]:
+    n = spec.finetune.n_models
+    bar = tqdm(total=n, desc="fine-tune zoo", disable=not progress)
+    records: list[dict | None] = [None] * n
+
+    def done(rec):
+        records[int(rec["name"].split("_")[1])] = rec
+        bar.update(1)
+        bar.set_postfix(train=f"{rec['train_error']:.3f}", dev=f"{rec['dev_error']:.3f}")
+
+    if spec.workers == 1:
+        for i in range(n):
+            done(train_member(spec, data, base_dir, out, i))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(spec.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                 initargs=(spec.to_dict(), str(out / "corpus"), spec.threads or 1)) as ex:
+            futures = [ex.submit(_worker_member, str(base_dir), str(out), i) for i in range(n)]
+            for f in as_completed(futures):
+                done(f.result())
+    bar.close()
+    return records  # type: ignore[return-value]
+
+
 def train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> dict:
-    """Build the whole zoo in ``out_dir`` (replaced if it exists) and return ``zoo.json``'s content."""
+    """Build the whole zoo in ``out_dir`` (replaced if it exists) and return ``zoo.json``'s content.
+
+    Runs with ``spec.threads`` intra-op threads (restored afterwards); with ``spec.workers > 1``
+    the fine-tunes run in that many spawned processes, each with ``spec.threads`` (or 1) threads.
+    """
+    with torch_threads(spec.threads):
+        return _train_zoo(spec, out_dir, progress=progress)
+
+
+def _train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> dict:
     out = Path(out_dir)
     if spec.finetune.n_models < 1:
         raise ValueError("finetune.n_models must be >= 1")
@@ -369,22 +481,10 @@ def train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> d
         from .minilm import resolve_base
         mlm_losses, base_dir = None, resolve_base(spec.base)
     t_pre = time.perf_counter() - t0
-    records = []
-    bar = tqdm(range(spec.finetune.n_models), desc="fine-tune zoo", disable=not progress)
-    for i in bar:
-        seed = spec.finetune.base_seed + i
-        t1 = time.perf_counter()
-        model, losses = finetune(spec, data, base_dir, seed)
-        secs = time.perf_counter() - t1
-        rec = {"name": model_name(i), "path": model_name(i), "seed": seed,
-               **evaluate(model, data), "final_train_loss": float(np.mean(losses[-20:])),
-               "seconds": secs, "hyperparameters": {**asdict(spec.finetune), "seed": seed}}
-        rec["hyperparameters"].pop("n_models")
-        rec["hyperparameters"].pop("base_seed")
-        model.to("cpu").save_pretrained(out / rec["path"])
-        records.append(rec)
-        bar.set_postfix(train=f"{rec['train_error']:.3f}", test=f"{rec['test_error']:.3f}")
-    n_params = sum(p.numel() for p in model.parameters())
+    records = _train_members(spec, data, Path(base_dir), out, progress)
+    n_params = records[0].pop("n_parameters")
+    for rec in records[1:]:
+        rec.pop("n_parameters")
     zoo = {
         "format": ZOO_FORMAT,
         "spec": spec.to_dict(),
@@ -399,6 +499,7 @@ def train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> d
                      "base": spec.base if spec.base == "scratch" else str(base_dir)},
         "seconds_total": time.perf_counter() - t0,
         "torch_threads": torch.get_num_threads(),
+        "cpu_seconds_fine_tune": float(sum(r["cpu_seconds"] for r in records)),
         "models": records,
     }
     (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
@@ -678,9 +779,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from companion.experiments.paper_zoos import cli_build
 
             return cli_build("mccoy_bert", args.out, d)
-        threads = set_threads(d.pop("threads", None))
+        threads = set_threads(d.get("threads"))
         spec = ZooSpec.from_dict(d)
-        print(f"language zoo, profile {profile!r}, {threads} threads -> {args.out}")
+        print(f"language zoo, profile {profile!r}, {threads} threads, {spec.workers} worker(s) -> {args.out}")
         zoo = train_zoo(spec, args.out)
         gaps = [m["gap"] for m in zoo["models"]]
         print(f"{len(gaps)} models in {zoo['seconds_total']:.0f} s; gap from {min(gaps):.3f} "
