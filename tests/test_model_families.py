@@ -91,11 +91,12 @@ def rand_gl(n, gen, scale=0.5):
     return torch.linalg.matrix_exp(scale * torch.randn(n, n, generator=gen, dtype=torch.float64))
 
 
-def rand_rotary(dk, r, gen):
-    """``a I + c J`` on each pair (i, i + r/2), i < r/2; GL on the columns r..dk−1."""
+def rand_rotary(dk, r, gen, pairing="half"):
+    """``a I + c J`` on each pair (i, i + r/2), i < r/2 (``pairing="adjacent"``: (2i, 2i+1),
+    the wrong pairing for Hugging Face models); GL on the columns r..dk−1."""
     A = torch.zeros(dk, dk, dtype=torch.float64)
     for i in range(r // 2):
-        j = i + r // 2
+        i, j = (i, i + r // 2) if pairing == "half" else (2 * i, 2 * i + 1)
         a, c = torch.randn(2, generator=gen, dtype=torch.float64)
         A[i, i] = A[j, j] = a
         A[i, j], A[j, i] = c, -c
@@ -104,13 +105,13 @@ def rand_rotary(dk, r, gen):
     return A
 
 
-def act_family(fam, model, gen, full_gl=False):
+def act_family(fam, model, gen, full_gl=False, pairing="half"):
     for att in fam.layout(model):
         r = fam.rotary_dims(att.dk)
-        A = [rand_gl(att.dk, gen) if (full_gl or not r) else rand_rotary(att.dk, r, gen)
+        A = [rand_gl(att.dk, gen) if (full_gl or not r) else rand_rotary(att.dk, r, gen, pairing)
              for _ in range(att.kv)]
         B = [rand_gl(att.dv, gen) for _ in range(att.kv)]
-        if full_gl:
+        if full_gl or pairing != "half":
             B = [torch.eye(att.dv, dtype=torch.float64)] * att.kv
         act_by_hand(att, A, B)
 
@@ -213,7 +214,7 @@ def timm_layout(m):
     return out
 
 
-class TinyGQA(nn.Module):
+class TinyGQAttention(nn.Module):
     """A model no adapter knows: packed [Q; K; V] with 4 query heads over 2 key/value heads,
     no rotary; declared by hand with declare_attention."""
 
@@ -305,7 +306,7 @@ def _timm(**kw):
 
 def _tinygqa():
     torch.manual_seed(0)
-    m = TinyGQA().double().eval()
+    m = TinyGQAttention().double().eval()
     declare_attention(m, "", heads=4, kv_heads=2, qkv="wqkv", o="wo")
     return m
 
@@ -443,6 +444,9 @@ def test_full_gl_on_rotary_query_key_changes_outputs(fam, built):
     moved = copy.deepcopy(model)
     act_family(fam, moved, torch.Generator().manual_seed(1), full_gl=True)
     assert rel(forward(moved, x), forward(model, x)) > 1e-6
+    wrong = copy.deepcopy(model)     # the right block form on the wrong column pairs
+    act_family(fam, wrong, torch.Generator().manual_seed(1), pairing="adjacent")
+    assert rel(forward(wrong, x), forward(model, x)) > 1e-6
 
 
 SHARP = dict(rho=0.5, n_iters=3, progress=False)
@@ -463,3 +467,105 @@ def test_geodesic_sharpness_invariant_adaptive_not(fam, built):
     a = hs.sharpness(model, batches, measure="adaptive", **kw).value
     b = hs.sharpness(moved, batches, measure="adaptive", **kw).value
     assert abs(a - b) > 0.02 * abs(a), (a, b)
+
+
+# ----------------------------------------------------------------------------- declaring by hand
+def gpt2_model():
+    return next(f for f in FAMILIES if f.name == "gpt2").build()
+
+
+def test_gpt2_declared_by_hand_equals_discovery():
+    """docs/model_support.md's example: GPT-2 declared by hand gives the automatic pairs."""
+    model = gpt2_model()
+    auto = find_symmetries(model)
+    by_hand = copy.deepcopy(model)
+    for i in range(2):
+        spec = declare_attention(by_hand, f"transformer.h.{i}.attn", heads=4, qkv="c_attn", o="c_proj")
+        assert spec.transposed            # Conv1D detected: weights stored (in, out)
+    declared = find_symmetries(by_hand)
+    params = dict(model.named_parameters())
+    assert len(declared) == len(auto) == 2
+    for a, b in zip(auto, declared):
+        assert a.module == b.module and a.param_names == b.param_names and a.groups == b.groups
+        for (Ga, Ha), (Gb, Hb) in zip(a.split(params), b.split(params)):
+            assert torch.equal(Ga, Gb) and torch.equal(Ha, Hb)
+    # the same as a spec passed to bind (full parameter names, nothing registered)
+    spec = AttentionSpec("transformer.h.0.attn", 4, qkv="c_attn", o="c_proj", transposed=True)
+    for (Ga, Ha), (Gb, Hb) in zip(auto[0].split(params), spec.bind(params).split(params)):
+        assert torch.equal(Ga, Gb) and torch.equal(Ha, Hb)
+
+
+def test_spec_in_pairs_equals_registered_declaration():
+    torch.manual_seed(0)
+    plain = TinyGQAttention().double().eval()
+    declared = _tinygqa()
+    batches = [seq_batch(seed=4)]
+    with pytest.raises(UnsupportedAttentionError, match="TinyGQAttention looks like attention"):
+        hs.sharpness(plain, batches, measure="geodesic", **SHARP)
+    spec = AttentionSpec("", 4, qkv="wqkv", o="wo", kv_heads=2)
+    a = hs.sharpness(plain, batches, measure="geodesic", pairs=[spec], on_unsupported="adaptive", **SHARP)
+    b = hs.sharpness(declared, batches, measure="geodesic", **SHARP)
+    assert a.value == b.value and a.pairs == b.pairs
+
+
+def test_declaration_errors():
+    model = gpt2_model()
+    with pytest.raises(ValueError, match="has no module 'transformer.h.9.attn'"):
+        declare_attention(model, "transformer.h.9.attn", heads=4, qkv="c_attn", o="c_proj")
+    with pytest.raises(UnsupportedAttentionError, match="no projection 'qkv'"):
+        declare_attention(model, "transformer.h.0.attn", heads=4, qkv="qkv", o="c_proj")
+    with pytest.raises(UnsupportedAttentionError, match="not a multiple of 15 head widths"):
+        declare_attention(model, "transformer.h.0.attn", heads=5, qkv="c_attn", o="c_proj")
+    with pytest.raises(UnsupportedAttentionError, match="not a multiple of 12 head widths.*transposed"):
+        declare_attention(model, "transformer.h.0.attn", heads=4, qkv="c_attn", o="c_proj", transposed=False)
+    with pytest.raises(UnsupportedAttentionError, match="do not split into 3 query heads and 3 key/value"):
+        AttentionSpec("transformer.h.0.attn", 3, q=("c_attn.weight", None), k=("c_proj.weight", None),
+                      v=("c_proj.weight", None), o="c_proj").bind(dict(model.named_parameters()))
+    with pytest.raises(ValueError, match="either q, k and v, or qkv"):
+        AttentionSpec("a", 4, o="o", q="q", qkv="qkv")
+    with pytest.raises(ValueError, match="kv_heads=3 must divide heads=4"):
+        AttentionSpec("a", 4, o="o", qkv="qkv", kv_heads=3)
+
+
+# ----------------------------------------------------------------------------- refusals
+def _timm_attention(**kw):
+    def build():
+        from timm.layers.attention import Attention
+        return nn.Sequential(Attention(16, num_heads=4, **kw)).double().eval()
+    return build
+
+
+SMALL = dict(COMMON, hidden_size=16, num_attention_heads=4, intermediate_size=16)
+REFUSALS = [
+    ("qwen3_qk_norm", _hf(tr.Qwen3ForCausalLM, lambda: tr.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=4)),
+     r"QK normalisation \(q_norm, k_norm: Qwen3RMSNorm\)"),
+    ("olmo2_qk_norm", _hf(tr.Olmo2ForCausalLM, lambda: tr.Olmo2Config(**SMALL)),
+     r"QK normalisation \(q_norm, k_norm: Olmo2RMSNorm\)"),
+    ("gemma3_qk_norm", _hf(tr.Gemma3ForCausalLM, lambda: tr.Gemma3TextConfig(**SMALL, head_dim=4, num_key_value_heads=2)),
+     r"QK normalisation \(q_norm, k_norm: Gemma3RMSNorm\)"),
+    ("phi_qk_layernorm", _hf(tr.PhiForCausalLM, lambda: tr.PhiConfig(**SMALL, qk_layernorm=True)),
+     r"QK normalisation \(q_layernorm, k_layernorm: LayerNorm\)"),
+    ("timm_qk_norm", _timm(qk_norm=True), r"QK normalisation \(q_norm, k_norm: LayerNorm\)"),
+    ("timm_scale_norm", _timm_attention(scale_norm=True, norm_layer=nn.LayerNorm), r"scale_norm=True\) normalises the heads"),
+    ("timm_gated", _timm_attention(gated=True), r"gated=True\) multiplies each head output"),
+    ("bert_relative_key", _hf(tr.BertModel, lambda: tr.BertConfig(**SMALL, position_embedding_type="relative_key")),
+     r"relative-key position embeddings \(position_embedding_type='relative_key'\)"),
+    ("gptj_rotate_every_two", _hf(tr.GPTJForCausalLM, lambda: tr.GPTJConfig(vocab_size=VOCAB, n_embd=16, n_layer=2,
+                                                                             n_head=4, rotary_dim=2)),
+     r"rotary position embeddings \(RoPE\) are applied, but .*modeling_gptj has no rotate_half"),
+    ("falcon_packed", _hf(tr.FalconForCausalLM, lambda: tr.FalconConfig(vocab_size=VOCAB, hidden_size=16,
+                                                                        num_hidden_layers=2, num_attention_heads=4)),
+     r"FalconAttention packs query_key_value in a layout hideseek does not know"),
+]
+
+
+@pytest.mark.parametrize("name,build,pattern", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refusals_name_the_feature(name, build, pattern):
+    model = build()
+    with pytest.raises(UnsupportedAttentionError, match=pattern) as err:
+        find_symmetries(model)
+    lines = [ln for ln in str(err.value).splitlines() if ln.startswith("  - ")]
+    modules = [ln[4:].split(":")[0] for ln in lines]
+    assert len(modules) == len(set(modules)), "a module is reported twice"
+    assert all(__import__("re").search(pattern, ln) for ln in lines), "contradictory reasons"
+    assert find_symmetries(model, on_unsupported="adaptive") == []

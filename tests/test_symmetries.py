@@ -143,3 +143,22 @@ def test_discovery_does_not_import_open_clip_for_other_models():
             "assert len(hs.find_symmetries(m)) == 1\n"
             "assert 'open_clip' not in sys.modules, 'open_clip was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rotary_group_elements_commute_with_rotations():
+    """random_group_element on a rotary PairGroup: commutes with every rotation of the rotary
+    column pairs (θ different per pair), is the identity-free GL block on the free columns."""
+    from hideseek.symmetries import PairGroup, random_group_element
+    grp = PairGroup("qk", 3, 5, 5, 6, rotary=((0, 2), (1, 3)), rotary_free=(4, 5))
+    A = random_group_element(grp, 3, torch.Generator().manual_seed(0), log_cond=1.0)
+    R = torch.eye(6, dtype=torch.float64)
+    for (i, j), th in zip(grp.rotary, (0.7, 2.1)):
+        R[i, i] = R[j, j] = torch.cos(torch.tensor(th, dtype=torch.float64))
+        R[i, j] = -torch.sin(torch.tensor(th, dtype=torch.float64))
+        R[j, i] = -R[i, j]
+    assert torch.allclose(A @ R, R @ A, atol=1e-14)
+    assert float(A[:, 4:, 4:].abs().min()) > 0 and float(A[:, :4, 4:].abs().max()) == 0
+    assert grp.shape_key != PairGroup("qk", 3, 5, 5, 6).shape_key   # never stacked with GL(6)
+    assert grp.group_name == "GL(1,C)^2 x GL(2)"
+    with pytest.raises(ValueError, match="partition"):
+        PairGroup("qk", 1, 5, 5, 6, rotary=((0, 2),), rotary_free=(4, 5))

@@ -199,8 +199,9 @@ def declare_attention(model: nn.Module, module: str, *, heads: int, o: Proj, q: 
     if module not in modules:
         raise ValueError(f"declare_attention: the model has no module {module!r}")
     if transposed is None:
-        projs = [p for p in (q, k, v, qkv, kv, o) if isinstance(p, str)]
-        convs = [_is_conv1d(modules.get(_p(module, p))) for p in projs]
+        projs = [modules[_p(module, p)] for p in (q, k, v, qkv, kv, o)
+                 if isinstance(p, str) and _p(module, p) in modules]
+        convs = [_is_conv1d(m) for m in projs]
         if any(convs) and not all(convs):
             raise ValueError(f"declare_attention({module!r}): some projections are Conv1D and some "
                              "not; pass transposed= explicitly")

@@ -375,6 +375,11 @@ def _block_for(name: str, mod: nn.Module, info: _Model) -> SymmetryBlock | None:
     return None
 
 
+def _inside(a: str, b: str) -> bool:
+    """Module/parameter path ``a`` is ``b`` or below it (``""`` is the model itself)."""
+    return b == "" or a == b or a.startswith(b + ".")
+
+
 def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[SymmetryBlock]:
     """The attention symmetry blocks of ``model``, in module order.
 
@@ -392,7 +397,7 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
     problems: list[str] = []
     handled: list[str] = []
     for name, mod in info.modules.items():
-        if any(name.startswith(h + ".") for h in handled):
+        if any(_inside(name, h) and name != h for h in handled):
             continue          # inside an attention module already found or refused
         try:
             blk = _block_for(name, mod, info)
@@ -404,13 +409,13 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
             blocks.append(blk)
             handled.append(name)
     for name, mod in info.modules.items():
-        if not name or not _ATTN_LIKE.search(type(mod).__name__):
+        if not _ATTN_LIKE.search(type(mod).__name__):
             continue
-        if not any(p.startswith(name + ".") for p in info.params):
+        if not any(_inside(p, name) for p in info.params):
             continue  # parameter-free helper (e.g. a softmax wrapper)
-        if any(h == name or h.startswith(name + ".") or name.startswith(h + ".") for h in handled):
+        if any(_inside(h, name) or _inside(name, h) for h in handled):
             continue
-        problems.append(f"{name}: {type(mod).__name__} looks like attention but no hideseek adapter "
+        problems.append(f"{name or '<the model>'}: {type(mod).__name__} looks like attention but no hideseek adapter "
                         "recognises its projections; declare it with hideseek.declare_attention(...)")
         handled.append(name)
     if problems and on_unsupported == "raise":
