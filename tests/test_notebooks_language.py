@@ -65,3 +65,10 @@ def test_language_notebook_runs_and_publishes(tmp_path):
         assert np.allclose(a.loc[b.index], b)
     nb = json.loads(res.notebook.read_text())
     assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
+    # the DVC headline, derived by the pipeline
+    head = json.loads((reports / "headline" / "language.json").read_text())
+    assert head["n"] == 6 and head["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
+    # the solver check ran in the companion, once per (Christoffel-only measure, rho)
+    assert len(metrics["solver_check_christoffel_only"]) == 2
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "language_report.run_report(" in code and "sharpness(" not in code and "measure_language_zoo" not in code

@@ -49,3 +49,10 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
         assert np.allclose(sharp[sharp.measure == measure]["value"], [np.mean(p) for p in per_batch])
     nb = json.loads(res.notebook.read_text())
     assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
+    # the DVC headline, derived by the pipeline: the held-out entry's tau and model count
+    head = json.loads((reports / "headline" / "vision.json").read_text())
+    assert head["n"] == 3 and head["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
+    assert [e["n_models"] for e in head["table1"]] == [3, 6]
+    # the notebook computes no sharpness itself: it calls the companion once
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "vision_report.run_report(" in code and "sharpness(" not in code and "measure_vision_zoo" not in code
