@@ -189,13 +189,16 @@ class PairGeometry:
         """Point reached at time ``t`` from ``(G, H)`` with velocity ξ.
 
         ``christoffel=True``: second-order geodesic ``θ + tξ + (t²/2) γ̈(0)``;
-        ``False``: straight line ``θ + tξ``; ``"exact"``: the closed-form geodesic of the
-        invariant metric for h = 1 (ε = 0).
+        ``False``: straight line ``θ + tξ``; ``"exact"``: the closed-form geodesic for h = 1
+        (ε = 0): :func:`exact_geodesic_gl1` (invariant, any n, m) or
+        :func:`exact_geodesic_gl1_mixed` (mixed, n = m = 1; raises where the geodesic ends
+        at G = H = 0 before time t).
         """
         if christoffel == "exact":
-            if self.metric != "invariant" or self.eps != 0.0 or self.G.shape[-1] != 1:
-                raise ValueError("exact geodesics are available for the invariant metric with "
-                                 "h = 1 and eps = 0 only")
+            if self.eps != 0.0 or self.G.shape[-1] != 1:
+                raise ValueError("exact geodesics are available for h = 1 and eps = 0 only")
+            if self.metric == "mixed":
+                return exact_geodesic_gl1_mixed(self.G, self.H, xG, xH, t)
             return exact_geodesic_gl1(self.G, xG, t), exact_geodesic_gl1(self.H, xH, t)
         if christoffel:
             aG, aH = self.acceleration(xG, xH)
@@ -225,6 +228,51 @@ def exact_geodesic_gl1(G: Tensor, xi: Tensor, t: float = 1.0) -> Tensor:
     direction = torch.where(speed > 0, tang / safe, torch.zeros_like(tang))
     omega = w * torch.cos(speed * t) + direction * torch.sin(speed * t)
     return (r * torch.exp(radial * t) * omega).unsqueeze(-1)
+
+
+def exact_geodesic_gl1_mixed(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor,
+                             t: float = 1.0) -> tuple[Tensor, Tensor]:
+    r"""Exact geodesic of the mixed metric ``H² dG² + G² dH²`` for scalar pairs
+    (n = m = h = 1), batched over ``(B, 1, 1)``; ``G, H ≠ 0`` (docs/maths.md, diagonal networks).
+
+    With ``β̃ = |G H|`` and ``s = log |G / H|`` the metric is ``½ (dβ̃² + β̃² ds²)``: half the
+    flat metric of the plane in polar coordinates, the angle ``s`` unbounded (a flat cone
+    over the real line).  In the complex coordinate ``P = β̃ e^{i s}`` geodesics are straight
+    lines, ``P(t) = P₀ (1 + t w)`` with ``w = a + i c``, ``a = ξ_G/G + ξ_H/H``,
+    ``c = ξ_G/G − ξ_H/H``.  Writing ``z = 1 + t w`` (``θ = arg z ∈ (−π, π)``):
+
+        |G(t)| = |G| √|z| e^{θ/2},   |H(t)| = |H| √|z| e^{−θ/2},   signs unchanged.
+
+    Horizontal velocities (``ξ_G/G = ξ_H/H = b``) give ``c = 0`` and
+    ``(G, H)(t) = (G, H) √(1 + 2 b t)``: the geodesic is **incomplete**, it reaches
+    ``G = H = 0`` (where the metric degenerates) at ``t = −1/(2b)`` when ``b < 0``.  Every
+    other geodesic (``c ≠ 0``) misses the tip and is defined for all t.  Reaching the tip
+    exactly at ``t`` is allowed (the end point ``(0, 0)``); asking for a time past the end
+    raises ``ValueError``.
+    """
+    if G.shape[-2:] != (1, 1) or H.shape[-2:] != (1, 1):
+        raise ValueError("exact_geodesic_gl1_mixed needs scalar pairs, G and H of shape (B, 1, 1); "
+                         f"got {tuple(G.shape)} and {tuple(H.shape)}")
+    if bool((G == 0).any()) or bool((H == 0).any()):
+        raise ValueError("the mixed-metric geodesic needs G != 0 and H != 0 (full column rank)")
+    bg, bh = xG / G, xH / H
+    a, c = bg + bh, bg - bh
+    re, im = 1.0 + t * a, t * c
+    # a velocity meant to end exactly at the tip (b = −1/(2t)) may land a few ulps past it
+    tol = 8 * torch.finfo(re.dtype).eps * (1.0 + (t * a).abs())
+    at_tip = (im == 0) & (re < 0) & (re >= -tol)
+    re = torch.where(at_tip, torch.zeros_like(re), re)
+    ended = (im == 0) & (re < 0)
+    if bool(ended.any()):
+        raise ValueError(
+            f"{int(ended.sum())} geodesic(s) of the mixed metric end at G = H = 0 before t = {t}: "
+            "a horizontal velocity with ξ_G/G = ξ_H/H < −1/(2t) leaves the domain. Keep "
+            "perturbations inside the geodesic ball (ξ_G/G ≥ −1/(2t)) or use a smaller radius.")
+    mod = torch.hypot(re, im)
+    theta = torch.atan2(im, re)
+    half = torch.exp(0.5 * theta)
+    root = mod.sqrt()
+    return G * root * half, H * root / half
 
 
 # ------------------------------------------------------------------ functional API
