@@ -112,31 +112,50 @@ class _Model:
         return None
 
 
-def _rotate_half_pairs(name: str, mod: nn.Module, r: int):
-    """Column pairs that ``rotate_half`` of ``mod``'s Python module rotates together, found by
-    applying it to the unit vectors: it must be a signed permutation ``P`` with ``P² = −I``
-    (a 90° rotation in each pair's plane)."""
-    fn = getattr(sys.modules.get(type(mod).__module__), "rotate_half", None)
+_ROTATE_FNS = ("rotate_half", "rotate_every_two")
+
+
+def _rotate_fn(mod: nn.Module):
+    """The column-rotating helper of ``mod``'s Python module (Hugging Face defines one next to
+    every rotary attention: ``rotate_half``, GPT-J's ``rotate_every_two``)."""
+    pymod = sys.modules.get(type(mod).__module__)
+    for fn_name in _ROTATE_FNS:
+        fn = getattr(pymod, fn_name, None)
+        if callable(fn):
+            return fn_name, fn
+    return None, None
+
+
+def _rotary_pairs(name: str, mod: nn.Module, r: int):
+    """Column pairs the rotary helper rotates together, found by applying it to the unit
+    vectors: it must be a signed permutation ``P`` with ``P² = −I`` (a 90° rotation in each
+    pair's plane; Hugging Face's ``rotate_half`` pairs i with i + r/2, ``rotate_every_two``
+    2i with 2i + 1)."""
+    fn_name, fn = _rotate_fn(mod)
     if fn is None:
         raise UnsupportedAttentionError(
             f"{name}: rotary position embeddings (RoPE) are applied, but {type(mod).__module__} "
-            "has no rotate_half to read which columns they pair; declare the block with "
-            "hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
+            f"has no {' / '.join(_ROTATE_FNS)} to read which columns they pair; declare the block "
+            "with hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
     eye = torch.eye(r, dtype=torch.float64)
-    P = fn(eye)
-    ok = P.shape == (r, r) and bool(((P.abs() == 1).sum(1) == 1).all()) and bool(((P != 0).sum(1) == 1).all()) \
-        and torch.equal(P @ P, -eye)
+    try:
+        P = fn(eye.reshape(1, 1, r, r))[0, 0]
+        ok = P.shape == (r, r) and bool(((P != 0).sum(1) == 1).all()) and bool((P.abs().sum(1) == 1).all()) \
+            and torch.equal(P @ P, -eye)
+    except Exception:       # noqa: BLE001 - any failure means: not a readable rotation
+        ok = False
     if not ok:
         raise UnsupportedAttentionError(
-            f"{name}: rotary position embeddings (RoPE) whose rotate_half is not a pairwise 90° "
-            "rotation of columns; hideseek cannot read its symmetry group")
+            f"{name}: rotary position embeddings (RoPE) whose {fn_name} is not a pairwise 90° "
+            "rotation of columns; hideseek cannot read its symmetry group; declare the block with "
+            "hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
     partner = P.abs().argmax(1).tolist()
     return tuple((i, partner[i]) for i in range(r) if i < partner[i])
 
 
 def _rotary(name: str, mod: nn.Module, info: _Model, dk: int):
     """``(rotary_dims, pairing)`` of the rotary embedding applied in ``mod``, ``(0, "half")``
-    if none; refuses when the model has RoPE that cannot be read."""
+    if none; refuses when the model has rotary embeddings that cannot be read."""
     r = _int_attr([mod], ("rotary_ndims", "rotary_dim"))
     if r is None and info.rotary_sizes:
         sizes = set(info.rotary_sizes.values())
@@ -147,17 +166,19 @@ def _rotary(name: str, mod: nn.Module, info: _Model, dk: int):
                 "uses; declare it with hideseek.declare_attention(..., rotary_dims=...)")
         r = sizes.pop()
     if r is None:
-        reason = info.rope_in_config()
+        fn_name, _ = _rotate_fn(mod)
+        reason = info.rope_in_config() or (fn_name and f"{type(mod).__module__} defines {fn_name}")
         if reason:
             raise UnsupportedAttentionError(
                 f"{name}: {reason}: rotary position embeddings (RoPE) {_NO_GL}, and hideseek finds "
-                "no rotary module (inv_freq) to read which dims they rotate; declare the block "
-                "with hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
+                "no rotary width (a rotary module with inv_freq, or rotary_ndims/rotary_dim) to read "
+                "which dims they rotate; declare the block with hideseek.declare_attention(..., "
+                "rotary_dims=..., rotary_pairing=...)")
         return 0, "half"
     if r > dk:
         raise UnsupportedAttentionError(f"{name}: rotary embeddings of width {r} exceed the head "
                                         f"width {dk}")
-    return r, _rotate_half_pairs(name, mod, r)
+    return r, _rotary_pairs(name, mod, r)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -171,8 +192,7 @@ def _check_qk_norm(name: str, mod: nn.Module) -> None:
         raise UnsupportedAttentionError(
             f"{name}: QK normalisation ({', '.join(found)}: {type(getattr(mod, found[0])).__name__}) "
             f"normalises each query/key vector, which breaks the GL(h) symmetry of its query/key "
-            "pairs (and the subgroup rotary embeddings leave); the value/output pairs alone are "
-            "not offered")
+            "pairs; the value/output pairs alone are not offered")
 
 
 # ----------------------------------------------------------------------------- adapters
