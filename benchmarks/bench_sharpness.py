@@ -5,9 +5,9 @@ measures
 
 * ``floor``: ``n_iters`` forward + backward passes of the same loss through the same
   ``torch.func.functional_call`` path, gradient with respect to every parameter;
-* ``adaptive``: ``hideseek.sharpness(measure="m_apgd_l2")``;
-* ``geodesic_invariant`` / ``geodesic_mixed``: ``hideseek.sharpness(measure="geodesic",
-  metric=…)`` (second-order geodesic step, Riemannian norm: the paper's measure);
+* ``adaptive``: ``hideseek.sharpness(model, batches, "m_apgd_l2")``;
+* ``geodesic_invariant`` / ``geodesic_mixed``: ``hideseek.sharpness(model, batches,
+  Measure(metric=…))`` (second-order geodesic step, Riemannian norm: the paper's measure);
 
 each as wall time (median of ``repeats`` runs after a warm-up run) and peak memory, and as
 ratios to the floor and to adaptive.  Each (model, measure) runs in a fresh process, so
@@ -18,12 +18,13 @@ that the memory high-water mark belongs to that measure alone:
   size at that moment — the extra memory the measurement needs on top of model and data;
 * CUDA: ``torch.cuda.max_memory_allocated()`` minus ``memory_allocated()`` at the start.
 
-The warm-up run is instrumented (``--attribute``, default on): wall time spent in the model's
-forward pass, in the geodesic step and merge (``ProductGeometry.point``), in autograd's
-backward pass, in the geometry of the search (``direction``, ``ball``), in the rest of the
-Auto-PGD loop (Python, momentum, the one host sync per iteration) and in the set-up (symmetry
-discovery, deterministic-loss check, precomputation).  On CUDA the instrumentation
-synchronises, so it never runs in a timed repeat.
+The warm-up run is instrumented (``--attribute``, default on) through ``torch.profiler`` and
+the labels hideseek gives its phases (see :class:`Attribution`; nothing in the library is
+patched): wall time spent in the model's forward pass, in the geodesic step and merge, in
+autograd's backward pass, in the geometry of the search (``direction``, ``ball``), in the rest
+of the Auto-PGD loop (Python, momentum, the one host sync per iteration) and in the set-up
+(symmetry discovery, deterministic-loss check, precomputation).  Host syncs inside Auto-PGD
+are counted in one more untimed run through the solvers' ``callback`` (:func:`auto_pgd_syncs`).
 
 ``--projection`` also times the horizontal projection of the invariant metric for all 144
 query/key head pairs of BERT-base (769 × 64 each) in one batched call, with its one-off
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
 import gc
 import json
 import multiprocessing as mp
@@ -68,13 +68,16 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.func import functional_call  # noqa: E402
 
+from hideseek.measures import Measure  # noqa: E402
+from hideseek.solvers import SolverStep  # noqa: E402
+
 from .models import MODELS, build, make_batches  # noqa: E402
 
-MEASURES: dict[str, dict[str, Any] | None] = {
+MEASURES: dict[str, Measure | None] = {
     "floor": None,
-    "adaptive": dict(measure="m_apgd_l2"),
-    "geodesic_invariant": dict(measure="geodesic", metric="invariant"),
-    "geodesic_mixed": dict(measure="geodesic", metric="mixed"),
+    "adaptive": Measure.parse("m_apgd_l2"),
+    "geodesic_invariant": Measure(metric="invariant"),
+    "geodesic_mixed": Measure(metric="mixed"),
 }
 ATTRIBUTION = ("forward (model)", "geodesic step + merge", "backward (autograd)",
                "geometry (direction, ball)", "loop: other", "set-up")
@@ -182,65 +185,55 @@ class MemoryProbe:
 
 # ------------------------------------------------------------------------ attribution
 class Attribution:
-    """Wall time by component of one sharpness (or floor) run, by wrapping the functions
-    that ``hideseek.sharpness`` calls.  Exclusive times; on CUDA each wrapper synchronises."""
+    """Wall time by component of one sharpness (or floor) run, without touching the library:
+    hideseek labels the phases of each Auto-PGD iteration for ``torch.profiler``
+    (``hideseek.forward``, ``hideseek.backward``, ``hideseek.step``, ``hideseek.geometry``),
+    and the solvers time themselves (``SolverResult.seconds``, passed in with
+    :meth:`record_loop`).  On the CPU a label's time is its inclusive CPU time; on CUDA the
+    device time of the kernels launched under it.  Set-up = total − Auto-PGD; "loop: other"
+    = Auto-PGD − the labelled phases (Python, momentum, the one host sync per iteration)."""
+
+    LABELS = {"hideseek.forward": "forward (model)", "hideseek.backward": "backward (autograd)",
+              "hideseek.step": "geodesic step + merge", "hideseek.geometry": "geometry (direction, ball)"}
 
     def __init__(self, device: torch.device, enabled: bool = True):
         self.device, self.enabled = device, enabled
         self.seconds = {k: 0.0 for k in ATTRIBUTION}
-        self._in_loop = False
         self._loop_total = 0.0
-        self._patches: list[tuple[Any, str, Any]] = []
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _wrap(self, owner: Any, attr: str, key: str | None, *, loop: bool = False) -> None:
-        orig = getattr(owner, attr)
-        this = self
-
-        def wrapper(*args, **kwargs):
-            this._sync()
-            t0 = time.perf_counter()
-            if loop:
-                this._in_loop = True
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                this._sync()
-                dt = time.perf_counter() - t0
-                if loop:
-                    this._in_loop = False
-                    this._loop_total += dt
-                elif this._in_loop:   # calls outside Auto-PGD count as set-up
-                    this.seconds[key] += dt
-
-        self._patches.append((owner, attr, orig))
-        setattr(owner, attr, wrapper)
+    def record_loop(self, seconds: float) -> None:
+        """Time spent inside the solvers (all batches) during the block."""
+        self._loop_total += seconds
 
     def __enter__(self) -> "Attribution":
         if not self.enabled:
             return self
-        from hideseek.geometry.space import ProductGeometry
-        core = sys.modules["hideseek.sharpness"]
-        self._wrap(core, "apgd", None, loop=True)
-        self._wrap(core, "functional_call", "forward (model)")
-        self._wrap(torch.autograd, "grad", "backward (autograd)")
-        self._wrap(ProductGeometry, "point", "geodesic step + merge")
-        self._wrap(ProductGeometry, "direction", "geometry (direction, ball)")
-        self._wrap(ProductGeometry, "ball", "geometry (direction, ball)")
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._prof = profile(activities=acts)
+        self._prof.__enter__()
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         if not self.enabled:
             return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         total = time.perf_counter() - self._t0
-        for owner, attr, orig in reversed(self._patches):
-            setattr(owner, attr, orig)
+        self._prof.__exit__(*exc)
+        if exc[0] is not None:
+            return
+        from torch.autograd import DeviceType
+        cuda = self.device.type == "cuda"
+        for ev in self._prof.events():
+            key = self.LABELS.get(ev.name)
+            if key is None or ev.device_type != DeviceType.CPU:
+                continue
+            us = ev.device_time_total if cuda else ev.cpu_time_total
+            self.seconds[key] += us * 1e-6
         inner = sum(v for k, v in self.seconds.items() if k not in ("loop: other", "set-up"))
-        self.seconds["loop: other"] = self._loop_total - inner
+        self.seconds["loop: other"] = max(self._loop_total - inner, 0.0)
         self.seconds["set-up"] = total - self._loop_total
 
 
@@ -276,8 +269,10 @@ def floor_run(model, batches, n_iters: int, autocast: str | None = None) -> int:
     return n
 
 
-def _one_run(task: Task, model, batches) -> tuple[float, float, int, float | None]:
-    """(total seconds, Auto-PGD seconds, forward+backward passes, sharpness value)."""
+def _one_run(task: Task, model, batches, callback: Callable[[SolverStep], Any] | None = None
+             ) -> tuple[float, float, int, float | None]:
+    """(total seconds, Auto-PGD seconds, forward+backward passes, sharpness value);
+    ``callback`` observes the solvers (:class:`hideseek.solvers.SolverStep`)."""
     import hideseek as hs
 
     dev = torch.device(task.device)
@@ -289,8 +284,8 @@ def _one_run(task: Task, model, batches) -> tuple[float, float, int, float | Non
         sync()
         dt = time.perf_counter() - t0
         return dt, dt, n, None
-    res = hs.sharpness(model, batches, rho=task.rho, n_iters=task.n_iters, seed=task.seed,
-                       autocast=task.autocast, progress=False, **MEASURES[task.measure])
+    res = hs.sharpness(model, batches, MEASURES[task.measure], rho=task.rho, n_iters=task.n_iters,
+                       seed=task.seed, autocast=task.autocast, progress=False, callback=callback)
     sync()
     dt = time.perf_counter() - t0
     loop = sum(r.seconds for r in res.solver)
@@ -301,36 +296,34 @@ def _one_run(task: Task, model, batches) -> tuple[float, float, int, float | Non
     return dt, loop, n, float(res.value)
 
 
-def auto_pgd_syncs(run: Callable[[], Any]) -> list[dict[str, int]]:
-    """Call ``run()`` and return, for each Auto-PGD search it makes through
-    :func:`hideseek.sharpness`, the host syncs inside that search (start and loop) by origin
-    (:class:`hideseek.utils.HostSyncCounter`: ``"hideseek"`` or ``"other"``, the model's)."""
-    import importlib
-
+def auto_pgd_syncs(run: Callable[[Callable[[SolverStep], Any]], Any]) -> list[dict[str, int]]:
+    """Call ``run(callback)`` — ``run`` passes ``callback`` to :func:`hideseek.sharpness` —
+    and return, for each Auto-PGD search it makes, the host syncs inside the search's loop
+    (from its start, iteration 0, to its last iteration) by origin
+    (:class:`hideseek.utils.HostSyncCounter`: ``"hideseek"`` or ``"other"``, the model's).
+    The one read of the starting value before iteration 0 is not included."""
     from hideseek.utils import HostSyncCounter
 
-    mod = importlib.import_module("hideseek.sharpness")
-    original, per_search = mod.apgd, []
+    counter = HostSyncCounter()
+    marks: list[list[dict[str, int]]] = []   # per search: [counts at its start, counts now]
 
-    def counted(*args, **kwargs):
-        with HostSyncCounter() as c:
-            out = original(*args, **kwargs)
-        per_search.append(dict(c.counts))
-        return out
+    def observe(step: SolverStep) -> None:
+        now = dict(counter.counts)
+        if step.iteration == 0:
+            marks.append([now, now])
+        else:
+            marks[-1][1] = now
 
-    mod.apgd = counted
-    try:
-        run()
-    finally:
-        mod.apgd = original
-    return per_search
+    with counter:
+        run(observe)
+    return [{k: end[k] - start[k] for k in start} for start, end in marks]
 
 
 def count_syncs(task: Task, model, batches) -> dict[str, int] | None:
     """Host syncs inside Auto-PGD (all batches) in one untimed run, by origin."""
     if task.measure == "floor":
         return None
-    per_search = auto_pgd_syncs(lambda: _one_run(task, model, batches))
+    per_search = auto_pgd_syncs(lambda cb: _one_run(task, model, batches, callback=cb))
     return {k: sum(c[k] for c in per_search) for k in ("hideseek", "other")}
 
 
@@ -351,7 +344,8 @@ def run_task(task: Task) -> Result:
     probe = MemoryProbe(dev)
     probe.start()
     with Attribution(dev, enabled=task.attribute) as attr:
-        _, _, _, value = _one_run(task, model, batches)
+        _, loop, _, value = _one_run(task, model, batches)
+        attr.record_loop(loop if task.measure != "floor" else 0.0)
     seconds, loops = [], []
     n_evals = 0
     for _ in range(task.repeats):

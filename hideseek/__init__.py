@@ -4,15 +4,17 @@ Reference implementation of *Hide & Seek: Transformer Symmetries Obscure Sharpne
 Riemannian Geometry Finds It* (da Silva, Dangel, Oore, ICML 2025).
 
 >>> import hideseek as hs
->>> res = hs.sharpness(model.eval(), batches, measure="geodesic", metric="mixed", rho=0.1)
->>> res.value, res.per_batch                                        # doctest: +SKIP
+>>> res = hs.sharpness(model.eval(), batches, hs.Measure(metric="mixed"), rho=0.1)  # doctest: +SKIP
+>>> res.value, res.per_batch, res.measure.label                              # doctest: +SKIP
 """
-from .geometry import PairGeometry, ProductGeometry
+from .geometry import AdaptiveGeometry, PairGeometry, ProductGeometry
+from .measures import Measure
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
+from .solvers import SolverResult, SolverStep
 from .symmetries import (AttentionBlock, DiagonalPair, FactorPair, SymmetryBlock,
                          UnsupportedAttentionError, find_symmetries)
 
 __version__ = "0.1.0"
-__all__ = ["AttentionBlock", "DiagonalPair", "FactorPair", "PairGeometry", "ProductGeometry",
-           "SharpnessInputError", "SharpnessResult", "SymmetryBlock", "UnsupportedAttentionError",
-           "find_symmetries", "sharpness"]
+__all__ = ["AdaptiveGeometry", "AttentionBlock", "DiagonalPair", "FactorPair", "Measure", "PairGeometry",
+           "ProductGeometry", "SharpnessInputError", "SharpnessResult", "SolverResult", "SolverStep",
+           "SymmetryBlock", "UnsupportedAttentionError", "find_symmetries", "sharpness"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .measures import Measure
 from .sharpness import SharpnessInputError, sharpness
 from .symmetries.discover import UnsupportedAttentionError, find_symmetries
 
@@ -93,14 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--batch-size", type=int, default=128)
     sp.add_argument("--max-batches", type=int, default=None)
     sp.add_argument("--measure", default="geodesic",
-                    help="geodesic | adaptive | m_apgd_l2 | m_apgd_linf | avg_l2 | …")
-    sp.add_argument("--metric", default="invariant", choices=["invariant", "mixed"])
+                    help="a measure name or alias: " + ", ".join(["geodesic", "adaptive"] + [
+                        m.name for m in Measure.all()]) + " (default geodesic = geodesic_invariant); "
+                    "--metric/--norm/--no-christoffel/--eps/--p change that measure's fields")
+    sp.add_argument("--metric", default=None, choices=["invariant", "mixed"],
+                    help="pair metric (geodesic measures only)")
     sp.add_argument("--rho", type=float, required=True)
     sp.add_argument("--n-iters", type=int, default=20)
     sp.add_argument("--norm", choices=["riemannian", "adaptive"], default=None)
     sp.add_argument("--no-christoffel", action="store_true", help="straight steps (ablation)")
-    sp.add_argument("--eps", type=float, default=0.0)
-    sp.add_argument("--p", default="l2", choices=["l2", "linf"])
+    sp.add_argument("--eps", type=float, default=None, help="ε relaxation (geodesic measures only)")
+    sp.add_argument("--p", default=None, choices=["l2", "linf"], help="l2 or linf (adaptive only)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
                     help="forward/backward passes in this dtype (float32 models; geometry stays float32)")
@@ -109,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     _add_model_args(sy)
     args = ap.parse_args(argv)
     try:
+        # the measure first: a bad one is reported before any model is loaded
+        measure = None if args.cmd != "sharpness" else Measure.from_keywords(
+            args.measure, metric=args.metric, norm=args.norm,
+            christoffel=False if args.no_christoffel else None, eps=args.eps, p=args.p)
         model = load_model(args)
         if args.cmd == "symmetries":
             for blk in find_symmetries(model):
@@ -117,10 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"G {d['G_shape'][0]}×{d['G_shape'][1]}  H {d['H_shape'][0]}×{d['H_shape'][1]}")
             return 0
         batches = load_batches(args.data, args.batch_size, args.max_batches)
-        res = sharpness(model, batches, measure=args.measure, metric=args.metric, rho=args.rho,
-                        n_iters=args.n_iters, norm=args.norm,
-                        christoffel=False if args.no_christoffel else None, eps=args.eps,
-                        seed=args.seed, p=args.p, autocast=args.autocast, progress=True)
+        res = sharpness(model, batches, measure, rho=args.rho, n_iters=args.n_iters, seed=args.seed,
+                        autocast=args.autocast, progress=True)
     except (CLIError, SharpnessInputError, UnsupportedAttentionError, FileNotFoundError, ValueError) as err:
         print(f"hideseek: error: {err}", file=sys.stderr)
         return 2

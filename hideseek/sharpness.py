@@ -1,59 +1,59 @@
 """Sharpness measures: adaptive (Andriushchenko et al. 2023) and geodesic (this paper).
 
-Worst-case sharpness of one batch (paper Eq. 3, MATH.md §7)::
+Worst-case sharpness of one batch (paper Eq. 3, ``docs/maths.md``, sharpness)::
 
     S(θ) = max over allowed ξ with ‖ξ‖_θ ≤ ρ of  L(γ_ξ(1)) − L(θ)
 
-computed with Auto-PGD per batch and averaged over batches.  The measures differ in the
-geometry of the ball:
+computed with Auto-PGD per batch and averaged over batches.  What defines a measure (the
+geometry of the ball, metric, norm, step, ε, ℓ2/ℓ∞, worst/average case) is a
+:class:`~hideseek.measures.Measure`:
 
 =====================  ==================================  ==========================
 measure                ball / norm                         step ``γ_ξ(1)``
 =====================  ==================================  ==========================
 ``adaptive`` (l2/l∞)   ``‖ξ ⊘ |θ|‖_p``, every parameter    ``θ + ξ``
 ``geodesic``           invariant or mixed metric on the    second-order geodesic
-                       GL(h) pairs (horizontal ξ),         (``christoffel=True``)
+                       GL(h) pairs (horizontal ξ),         (``step="second_order"``)
                        adaptive ℓ2 elsewhere
 =====================  ==================================  ==========================
 
-Ablation switches (paper Appendix G): ``norm="adaptive"`` (Christoffel-only: adaptive
-sharpness's elementwise ball, no horizontal restriction, second-order geodesic step of the
-metric), ``christoffel=False`` (no-Christoffel, the "norm-only" ablation: Riemannian ball,
-straight step), ``eps`` (Appendix H.2).
+Ablations (paper Appendix G): ``ball="adaptive"`` (Christoffel-only: adaptive sharpness's
+elementwise ball, no horizontal restriction, second-order geodesic step of the metric),
+``step="straight"`` (no-Christoffel: Riemannian ball, straight step), ``eps`` (Appendix H.2).
+
+:func:`sharpness` reads in three parts: :func:`_set_up` (the set-up gradient pass, the
+deterministic-loss check, symmetry discovery, the geometry), then :func:`_measure_batch` per
+batch, then the result.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.profiler import record_function
 from torch.func import functional_call
 
 from .geometry.space import ProductGeometry
-from .solvers.apgd import SolverResult, apgd, average_case
+from .measures import Measure
+from .solvers.apgd import SolverResult, SolverStep, apgd, average_case
 from .symmetries.base import SymmetryBlock
 from .symmetries.discover import find_symmetries
-
-_ALIASES = {
-    "m_apgd_l2": dict(measure="adaptive", kind="worst", p="l2"),
-    "m_apgd_linf": dict(measure="adaptive", kind="worst", p="linf"),
-    "avg_l2": dict(measure="adaptive", kind="average", p="l2"),
-    "avg_linf": dict(measure="adaptive", kind="average", p="linf"),
-    "geodesic_invariant": dict(measure="geodesic", metric="invariant"),
-    "geodesic_mixed": dict(measure="geodesic", metric="mixed"),
-}
 
 
 @dataclass
 class SharpnessResult:
     """Sharpness of a model on a set of batches.
 
-    ``value`` is the mean of ``per_batch``; ``base_losses`` the loss at θ per batch.
+    ``value`` is the mean of ``per_batch``; ``base_losses`` the loss at θ per batch;
+    ``measure`` what was measured (``name`` is ``measure.name``, ``config`` the settings as
+    a plain dict, as before).
     """
 
     value: float
@@ -67,6 +67,7 @@ class SharpnessResult:
     #: largest ‖½γ̈(0)‖/‖ξ‖ over pairs at the maximiser of each batch (second-order steps only)
     correction_ratio: list[float] = field(default_factory=list)
     solver: list[SolverResult] = field(default_factory=list, repr=False)
+    measure: Measure = field(default_factory=Measure)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -154,50 +155,206 @@ def _default_loss(out, y: Tensor) -> Tensor:
     return F.cross_entropy(_logits(out), y)
 
 
+# ---------------------------------------------------------------------------- set-up
+class _Loss:
+    """``loss(params, x, y)``: the model's loss at ``params`` (a functional call), with the
+    model's passes under ``torch.autocast`` when asked.  The parameters are computed (the
+    geodesic step) before entering: only the model runs in ``amp_dtype``."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, amp_dtype: torch.dtype | None,
+                 device: torch.device) -> None:
+        self.model, self.loss_fn, self.amp_dtype, self.device = model, loss_fn, amp_dtype, device
+        #: the loss is multiplied by this before a backward pass (float16: keep small
+        #: gradients from flushing to zero; only the gradient's direction is used)
+        self.grad_scale = 1024.0 if amp_dtype == torch.float16 else 1.0
+
+    def __call__(self, params: Mapping[str, Tensor], x, y) -> Tensor:
+        amp = self.amp_dtype
+        with torch.autocast(self.device.type, dtype=amp, enabled=amp is not None):
+            out = functional_call(self.model, params, (x,)) if isinstance(x, Tensor) else \
+                functional_call(self.model, params, (), x)
+            loss = self.loss_fn(out, y)
+        return loss.float() if amp is not None and isinstance(loss, Tensor) else loss
+
+
+@dataclass
+class _SetUp:
+    """What every batch's search shares."""
+
+    loss: _Loss
+    geometry: ProductGeometry
+    blocks: list[SymmetryBlock]
+    loss0: Tensor                        # loss at θ on the first batch
+    setup_grads: dict[str, Tensor]       # its gradient (Auto-PGD's start on batch 0)
+
+
+def _check_settings(measure: Measure, rho: float, n_iters: int) -> None:
+    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be a positive number, got {rho!r}")
+    if measure.kind == "worst" and n_iters < 1:
+        raise ValueError("n_iters must be at least 1")
+
+
+def _check_amp(model: nn.Module, autocast) -> torch.dtype | None:
+    amp_dtype = _autocast_dtype(autocast)
+    if amp_dtype is not None and any(p_.dtype != torch.float32 for p_ in model.parameters()
+                                     if p_.is_floating_point()):
+        raise ValueError(f"autocast={autocast!r} needs a float32 model (torch.autocast leaves other dtypes "
+                         f"alone), but this one has {sorted({str(p_.dtype) for p_ in model.parameters()})} "
+                         "parameters; call model.float() first or drop autocast")
+    return amp_dtype
+
+
+def _excluded(name: str, exclude: Sequence[str]) -> bool:
+    return any(name == e or name.startswith(e.rstrip(".") + ".") for e in exclude)
+
+
+def _setup_pass(loss: _Loss, all_params: dict[str, Tensor], x0, y0, exclude: Sequence[str],
+                checks: bool) -> tuple[Tensor, dict[str, Tensor]]:
+    """Loss and gradient at θ on the first batch.  The parameters that get a gradient are
+    the ones that take part (an unused text tower does not); the gradient is also Auto-PGD's
+    start on the first batch (ξ = 0).  With ``checks``, a second identical pass must give
+    the same loss (a deterministic model)."""
+    leaves = {n: t.detach().requires_grad_(True) for n, t in all_params.items() if not _excluded(n, exclude)}
+    with torch.enable_grad():
+        loss0 = loss(leaves, x0, y0)
+        if not isinstance(loss0, Tensor) or loss0.numel() != 1:
+            raise SharpnessInputError("loss_fn must return a scalar tensor")
+        grads = torch.autograd.grad(loss0 * loss.grad_scale, list(leaves.values()), allow_unused=True)
+    setup_grads = {n: g for n, g in zip(leaves, grads) if g is not None}
+    del grads
+    if checks:
+        with torch.enable_grad():   # same kernels as the first pass (no inference fast path)
+            again = loss(leaves, x0, y0).detach()
+        if float(again) != float(loss0.detach()):
+            raise SharpnessInputError(
+                "the loss differs between two identical forward passes "
+                f"({float(loss0.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
+                "another random layer still active?). Sharpness needs a deterministic loss.")
+    return loss0.detach(), setup_grads
+
+
+def _symmetry_blocks(model: nn.Module, measure: Measure, all_params: dict[str, Tensor], used: set[str],
+                     pairs: Sequence[SymmetryBlock] | None, on_unsupported: str) -> list[SymmetryBlock]:
+    """The GL(h) blocks to measure on (geodesic only): those found in the model and those
+    declared, restricted to blocks whose parameters all get a gradient."""
+    if measure.geometry != "geodesic":
+        return []
+    found = find_symmetries(model, on_unsupported=on_unsupported)
+    extra = [blk.bind(all_params) for blk in (pairs or [])]
+    blocks = [b for b in found + extra if all(n in used for n in b.param_names)]
+    if not blocks:
+        raise SharpnessInputError(
+            "no GL(h) symmetry to measure on: the model has no attention that hideseek "
+            "recognises" + (" (or it gets no gradient)" if found else "")
+            + ". Declare pairs with pairs=[hideseek.DiagonalPair(...)/FactorPair(...)] "
+            "or use measure='adaptive'.")
+    return blocks
+
+
+def _set_up(model: nn.Module, data: list, measure: Measure, *, loss_fn: Callable | None, autocast,
+            pairs, on_unsupported: str, exclude: Sequence[str], checks: bool) -> _SetUp:
+    device = next(model.parameters()).device
+    all_params = {n: p_.detach() for n, p_ in model.named_parameters()}
+    x0, y0 = _to(data[0][0], device), _to(data[0][1], device)
+    loss = _Loss(model, loss_fn or _default_loss, _check_amp(model, autocast), device)
+    loss0, setup_grads = _setup_pass(loss, all_params, x0, y0, exclude, checks)
+    used = set(setup_grads)
+    blocks = _symmetry_blocks(model, measure, all_params, used, pairs, on_unsupported)
+    params = {n: all_params[n] for n in all_params if n in used}
+    geom = ProductGeometry(params, blocks, metric=measure.metric or "invariant", eps=measure.eps,
+                           norm=measure.norm, christoffel=measure.christoffel, p=measure.p)
+    return _SetUp(loss, geom, blocks, loss0, setup_grads)
+
+
+# ---------------------------------------------------------------------------- per batch
+class _BatchObjective:
+    """The loss on one batch as a function of the perturbation ξ (a tangent list)."""
+
+    def __init__(self, loss: _Loss, geometry: ProductGeometry, x, y) -> None:
+        self.loss, self.geometry, self.x, self.y = loss, geometry, x, y
+
+    def objective(self, xi: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """``(L(γ_ξ(1)), ∂L/∂ξ)`` — what Auto-PGD calls."""
+        xi = [t.detach().requires_grad_(True) for t in xi]
+        with torch.enable_grad():
+            with record_function("hideseek.step"):
+                params = self.geometry.point(xi)
+            with record_function("hideseek.forward"):
+                loss = self.loss(params, self.x, self.y)
+            with record_function("hideseek.backward"):
+                g = torch.autograd.grad(loss * self.loss.grad_scale, xi)
+        return loss.detach(), list(g)
+
+    def value(self, xi: list[Tensor]) -> Tensor:
+        """``L(γ_ξ(1))`` without gradient — what the average case calls."""
+        with torch.no_grad():
+            return self.loss(self.geometry.point(xi), self.x, self.y)
+
+
+def _tag_batch(callback: Callable[[SolverStep], Any], batch: int, step: SolverStep) -> None:
+    callback(replace(step, batch=batch))
+
+
+def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float, n_iters: int,
+                   seed: int, n_samples: int | None, random_start: bool,
+                   callback: Callable[[SolverStep], Any] | None) -> SolverResult:
+    """Sharpness of batch ``i``: Auto-PGD (worst case) or the sphere mean (average case).
+    Random draws come from a generator seeded by ``(seed, i)`` alone."""
+    device = setup.loss.device
+    x, y = _to(x, device), _to(y, device)
+    geom = setup.geometry
+    f = _BatchObjective(setup.loss, geom, x, y)
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + i)
+    cb = None if callback is None else functools.partial(_tag_batch, callback, i)
+    if measure.kind == "average":
+        return average_case(f.value, geom, rho, n_samples or n_iters, gen, callback=cb)
+    start = None
+    if random_start:
+        r = float(torch.rand((), generator=gen))
+        start = [rho * r * t for t in geom.random_direction(gen)]
+    first = None
+    if i == 0 and start is None:   # the set-up pass is the gradient at ξ = 0 on batch 0
+        first = (setup.loss0, geom.pullback(setup.setup_grads))
+    return apgd(f.objective, geom, rho, n_iters, x0=start, start=first, callback=cb)
+
+
+def _progress(data: list, desc: str, progress: bool):
+    """``data`` with a progress bar when asked and tqdm is installed, as is otherwise."""
+    if not progress:
+        return data
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return data
+    return tqdm(data, desc=desc, leave=False)
+
+
+def _warn_large_correction(ratios: list[float], rho: float) -> None:
+    if ratios and max(ratios) > 0.5:
+        warnings.warn(
+            f"the second-order geodesic correction is large at rho={rho}: ‖½Γ(ξ,ξ)‖/‖ξ‖ reaches "
+            f"{max(ratios):.3g} on some pair (near-zero or nearly rank-deficient weights allow huge "
+            "relative steps). The second-order approximation of the geodesic is unreliable there; "
+            "use a smaller rho, eps > 0, or christoffel='exact' where available.", RuntimeWarning,
+            stacklevel=3)
+
+
 # ---------------------------------------------------------------------------- main
-def _resolve(measure: str, metric: str, p: str, kind: str, norm, christoffel):
-    if measure in _ALIASES:
-        a = _ALIASES[measure]
-        measure, metric = a["measure"], a.get("metric", metric)
-        p, kind = a.get("p", p), a.get("kind", kind)
-    if measure not in ("adaptive", "geodesic"):
-        raise ValueError(f"measure must be 'adaptive', 'geodesic' or one of {sorted(_ALIASES)}, got {measure!r}")
-    if kind not in ("worst", "average"):
-        raise ValueError(f"kind must be 'worst' or 'average', got {kind!r}")
-    if measure == "adaptive":
-        if norm not in (None, "adaptive") or christoffel not in (None, False):
-            raise ValueError("the adaptive measure has no Riemannian norm or Christoffel step; use "
-                             "measure='geodesic' with norm=/christoffel= for the ablations")
-        return measure, metric, p, kind, "adaptive", False
-    if p != "l2":
-        raise ValueError("geodesic sharpness uses the ℓ2 (metric) ball; p='linf' is for the adaptive measure")
-    return (measure, metric, p, kind, "riemannian" if norm is None else norm,
-            True if christoffel is None else christoffel)
-
-
-def _name(measure, metric, p, kind, norm, christoffel) -> str:
-    if measure == "adaptive":
-        return ("m_apgd_" if kind == "worst" else "avg_") + p
-    name = f"geodesic_{metric}"
-    if norm == "adaptive":
-        name += "_christoffel_only" if christoffel else "_adaptive_norm_straight"
-    elif not christoffel:
-        name += "_no_christoffel"
-    elif christoffel == "exact":
-        name += "_exact"
-    return name if kind == "worst" else "avg_" + name
-
-
-def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
-              metric: str = "invariant", rho: float = 0.1, n_iters: int = 20,
-              norm: str | None = None, christoffel: bool | str | None = None, eps: float = 0.0,
-              seed: int = 0, loss_fn: Callable | None = None,
-              pairs: Sequence[SymmetryBlock] | None = None, p: str = "l2", kind: str = "worst",
-              n_samples: int | None = None, random_start: bool = False,
-              on_unsupported: str = "raise", exclude: Sequence[str] = (),
-              autocast: str | torch.dtype | None = None,
-              progress: bool = True, checks: bool = True) -> SharpnessResult:
+def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,
+              rho: float = 0.1, n_iters: int = 20, seed: int = 0, loss_fn: Callable | None = None,
+              pairs: Sequence[SymmetryBlock] | None = None, n_samples: int | None = None,
+              random_start: bool = False, on_unsupported: str = "raise", exclude: Sequence[str] = (),
+              autocast: str | torch.dtype | None = None, progress: bool = True, checks: bool = True,
+              callback: Callable[[SolverStep], Any] | None = None,
+              metric: str | None = None, norm: str | None = None, christoffel: bool | str | None = None,
+              eps: float | None = None, p: str | None = None, kind: str | None = None) -> SharpnessResult:
     """Worst-case (Auto-PGD) or average-case sharpness of ``model`` on ``batches``.
+
+    >>> hs.sharpness(model, batches, hs.Measure(metric="mixed"), rho=0.1)        # doctest: +SKIP
+    >>> hs.sharpness(model, batches, "m_apgd_linf", rho=0.002)                     # doctest: +SKIP
+    >>> hs.sharpness(model, batches, measure="geodesic", metric="mixed", christoffel=False,
+    ...              rho=0.1)                                                      # doctest: +SKIP
 
     Parameters
     ----------
@@ -207,20 +364,15 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         Iterable of ``(inputs, labels)``; ``inputs`` a tensor (passed positionally) or a dict
         (passed as keyword arguments).  Sharpness is computed per batch and averaged.
     measure:
-        ``"geodesic"`` or ``"adaptive"`` (aliases: ``m_apgd_l2``, ``m_apgd_linf``, ``avg_l2``,
-        ``avg_linf``, ``geodesic_invariant``, ``geodesic_mixed``).
-    metric:
-        ``"invariant"`` (paper Eq. 9) or ``"mixed"`` (Eq. 10), for ``measure="geodesic"``.
+        A :class:`~hideseek.measures.Measure`, or its name (``"geodesic_mixed"``,
+        ``"m_apgd_linf"``, ``"avg_l2"``, ``"geodesic_invariant_no_christoffel"`` …) or an
+        alias (``"geodesic"``, ``"adaptive"``).  Default ``Measure()``: geodesic sharpness,
+        invariant metric.
     rho:
         Radius of the ball.
     n_iters:
-        Auto-PGD iterations (gradient evaluations) per batch.
-    norm, christoffel:
-        Ablation switches (geodesic only): ``norm`` ``"riemannian"`` (default) or
-        ``"adaptive"``; ``christoffel`` ``True`` (default, second-order geodesic step),
-        ``False`` (straight step) or ``"exact"`` (closed-form geodesics, GL(1) invariant only).
-    eps:
-        ε relaxation ``S ↦ S + εI`` of the Gram matrices that are inverted.
+        Auto-PGD iterations (gradient evaluations) per batch; the number of draws of the
+        average case when ``n_samples`` is not given.
     seed:
         Seeds random starts and average-case draws; the result is deterministic given it.
     loss_fn:
@@ -228,10 +380,8 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
     pairs:
         Extra user-declared symmetry blocks (:class:`~hideseek.symmetries.DiagonalPair`,
         :class:`~hideseek.symmetries.FactorPair`), added to the attention pairs found.
-    p:
-        ``"l2"`` or ``"linf"`` (adaptive only).
-    kind:
-        ``"worst"`` (Auto-PGD) or ``"average"`` (mean over the sphere, ``n_samples`` draws).
+    n_samples:
+        Draws per batch of the average case.
     random_start:
         Start Auto-PGD from a random point of the ball instead of ξ = 0.
     on_unsupported:
@@ -246,129 +396,51 @@ def sharpness(model: nn.Module, batches: Iterable, *, measure: str = "geodesic",
         zero (only the gradient's direction is used).  Sharpness is a difference of two
         losses, so low precision costs accuracy: ``reports/benchmarks.md`` gives the measured
         agreement with full precision.
+    progress:
+        A progress bar over batches when ``tqdm`` is installed (the ``[progress]`` extra);
+        ``progress=False`` for none.  Without tqdm there is silently none.
     checks:
         Check eval mode, finite weights and a deterministic loss before starting.
+    callback:
+        Observer called once per solver iteration with a
+        :class:`~hideseek.solvers.SolverStep` (``batch``, ``iteration``, ``value``,
+        ``best``, ``step_size``, ``seconds``); iteration 0 is the search's start.
+    metric, norm, christoffel, eps, p, kind:
+        Keyword form, a convenience: each one given (not ``None``) replaces that field of
+        ``measure`` (see :meth:`Measure.from_keywords`): ``metric`` ``"invariant"`` (paper
+        Eq. 9) or ``"mixed"`` (Eq. 10); ``norm`` → ``ball`` (``"riemannian"`` /
+        ``"adaptive"``); ``christoffel`` → ``step`` (``True`` second order, ``False``
+        straight, ``"exact"`` closed-form GL(1)); ``eps`` the ε relaxation ``S ↦ S + εI``;
+        ``p`` ``"l2"`` / ``"linf"`` (adaptive only); ``kind`` ``"worst"`` / ``"average"``.
     """
-    measure, metric, p, kind, norm, christoffel = _resolve(measure, metric, p, kind, norm, christoffel)
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
-        raise ValueError(f"rho must be a positive number, got {rho!r}")
-    if kind == "worst" and n_iters < 1:
-        raise ValueError("n_iters must be at least 1")
+    measure = Measure.from_keywords(measure, metric=metric, p=p, kind=kind, norm=norm,
+                                    christoffel=christoffel, eps=eps)
+    _check_settings(measure, rho, n_iters)
     _check_model(model) if checks else None
     data = _check_batches(batches)
-    loss_fn = loss_fn or _default_loss
-    device = next(model.parameters()).device
     t_start = time.perf_counter()
+    setup = _set_up(model, data, measure, loss_fn=loss_fn, autocast=autocast, pairs=pairs,
+                    on_unsupported=on_unsupported, exclude=exclude, checks=checks)
+    results, ratios = [], []
+    for i, (x, y) in enumerate(_progress(data, measure.name, progress)):
+        res = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
+                             n_samples=n_samples, random_start=random_start, callback=callback)
+        setup.setup_grads = None   # a model's worth of memory: not needed past batch 0
+        results.append(res)
+        if setup.blocks and measure.christoffel is True and res.best:
+            ratios.append(setup.geometry.correction_ratio(res.best))
+    _warn_large_correction(ratios, rho)
 
-    # Which parameters take part: those that get a gradient (an unused text tower does not).
-    all_params = {n: p_.detach() for n, p_ in model.named_parameters()}
-    x0, y0 = _to(data[0][0], device), _to(data[0][1], device)
-
-    amp_dtype = _autocast_dtype(autocast)
-    if amp_dtype is not None and any(p_.dtype != torch.float32 for p_ in model.parameters()
-                                     if p_.is_floating_point()):
-        raise ValueError(f"autocast={autocast!r} needs a float32 model (torch.autocast leaves other dtypes "
-                         f"alone), but this one has {sorted({str(p_.dtype) for p_ in model.parameters()})} "
-                         "parameters; call model.float() first or drop autocast")
-    grad_scale = 1024.0 if amp_dtype == torch.float16 else 1.0
-
-    def run(params, x, y):
-        # params are computed (geodesic step) before entering: only the model runs in amp_dtype
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            out = functional_call(model, params, (x,)) if isinstance(x, Tensor) else \
-                functional_call(model, params, (), x)
-            loss = loss_fn(out, y)
-        return loss.float() if amp_dtype is not None and isinstance(loss, Tensor) else loss
-
-    leaves = {n: t.detach().requires_grad_(True) for n, t in all_params.items()
-              if not any(n == e or n.startswith(e.rstrip(".") + ".") for e in exclude)}
-    with torch.enable_grad():
-        loss0 = run(leaves, x0, y0)
-        if not isinstance(loss0, Tensor) or loss0.numel() != 1:
-            raise SharpnessInputError("loss_fn must return a scalar tensor")
-        grads = torch.autograd.grad(loss0 * grad_scale, list(leaves.values()), allow_unused=True)
-    used = {n for (n, _), g in zip(leaves.items(), grads) if g is not None}
-    # The set-up pass is also Auto-PGD's start on the first batch (ξ = 0): keep its gradient.
-    setup_grads = {n: g for n, g in zip(leaves, grads) if g is not None}
-    del grads
-    if checks:
-        with torch.enable_grad():   # same kernels as the first pass (no inference fast path)
-            again = run(leaves, x0, y0).detach()
-        if float(again) != float(loss0.detach()):
-            raise SharpnessInputError(
-                "the loss differs between two identical forward passes "
-                f"({float(loss0.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
-                "another random layer still active?). Sharpness needs a deterministic loss.")
-
-    loss0 = loss0.detach()
-    del leaves
-    blocks: list[SymmetryBlock] = []
-    if measure == "geodesic":
-        found = find_symmetries(model, on_unsupported=on_unsupported)
-        extra = [blk.bind(all_params) for blk in (pairs or [])]
-        blocks = [b for b in found + extra if all(n in used for n in b.param_names)]
-        if not blocks:
-            raise SharpnessInputError(
-                "no GL(h) symmetry to measure on: the model has no attention that hideseek "
-                "recognises" + (" (or it gets no gradient)" if found else "")
-                + ". Declare pairs with pairs=[hideseek.DiagonalPair(...)/FactorPair(...)] "
-                "or use measure='adaptive'.")
-    params = {n: all_params[n] for n in all_params if n in used}
-    geom = ProductGeometry(params, blocks, metric=metric, eps=eps, norm=norm,
-                           christoffel=christoffel, p=p)
-
-    values, bases, solver_results, ratios = [], [], [], []
-    iterator = data
-    if progress:
-        from tqdm.auto import tqdm
-        iterator = tqdm(data, desc=_name(measure, metric, p, kind, norm, christoffel), leave=False)
-    for i, (x, y) in enumerate(iterator):
-        x, y = _to(x, device), _to(y, device)
-        gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + i)
-
-        def objective(xi):
-            xi = [t.detach().requires_grad_(True) for t in xi]
-            with torch.enable_grad():
-                loss = run(geom.point(xi), x, y)
-                g = torch.autograd.grad(loss * grad_scale, xi)
-            return loss.detach(), list(g)
-
-        def value(xi):
-            with torch.no_grad():
-                return run(geom.point(xi), x, y)
-
-        if kind == "worst":
-            start = None
-            if random_start:
-                r = float(torch.rand((), generator=gen))
-                start = [rho * r * t for t in geom.random_direction(gen)]
-            first = None
-            if i == 0 and start is None:
-                first = (loss0, geom.pullback(setup_grads))
-            res = apgd(objective, geom, rho, n_iters, x0=start, start=first)
-        else:
-            res = average_case(value, geom, rho, n_samples or n_iters, gen)
-        setup_grads = None   # a model's worth of memory: not needed past batch 0
-        values.append(res.value)
-        bases.append(res.f0)
-        solver_results.append(res)
-        if blocks and christoffel is True and res.best:
-            ratios.append(geom.correction_ratio(res.best))
-    if ratios and max(ratios) > 0.5:
-        warnings.warn(
-            f"the second-order geodesic correction is large at rho={rho}: ‖½Γ(ξ,ξ)‖/‖ξ‖ reaches "
-            f"{max(ratios):.3g} on some pair (near-zero or nearly rank-deficient weights allow huge "
-            "relative steps). The second-order approximation of the geodesic is unreliable there; "
-            "use a smaller rho, eps > 0, or christoffel='exact' where available.", RuntimeWarning,
-            stacklevel=2)
-
-    config = dict(measure=measure, metric=metric if measure == "geodesic" else None, rho=rho,
-                  n_iters=n_iters, norm=norm, christoffel=christoffel, eps=eps, seed=seed, p=p,
-                  kind=kind, n_samples=n_samples, random_start=random_start, n_batches=len(data),
+    amp_dtype = setup.loss.amp_dtype
+    config = dict(measure=measure.geometry, metric=measure.metric, rho=rho, n_iters=n_iters,
+                  norm=measure.norm, christoffel=measure.christoffel, eps=measure.eps, seed=seed,
+                  p=measure.p, kind=measure.kind, n_samples=n_samples, random_start=random_start,
+                  n_batches=len(data),
                   autocast=None if amp_dtype is None else str(amp_dtype).removeprefix("torch."))
+    values = [r.value for r in results]
     return SharpnessResult(
-        value=sum(values) / len(values), per_batch=values, base_losses=bases,
-        name=_name(measure, metric, p, kind, norm, christoffel), config=config,
-        seconds=time.perf_counter() - t_start, n_perturbed=geom.dimension(),
-        pairs=[d for b in blocks for d in b.describe()], correction_ratio=ratios,
-        solver=solver_results)
+        value=sum(values) / len(values), per_batch=values, base_losses=[r.f0 for r in results],
+        name=measure.name, config=config, seconds=time.perf_counter() - t_start,
+        n_perturbed=setup.geometry.dimension(),
+        pairs=[d for b in setup.blocks for d in b.describe()], correction_ratio=ratios,
+        solver=results, measure=measure)

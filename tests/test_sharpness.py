@@ -319,3 +319,51 @@ def test_christoffel_only_ball_contains_the_free_parameter_ball(bert_and_moved):
     straight = hs.sharpness(model, batches, norm="adaptive", christoffel=False, **kw).value
     adaptive = hs.sharpness(model, batches, measure="adaptive", **kw).value
     assert straight == pytest.approx(adaptive, rel=1e-9)
+
+
+def _mha_batches(n=2):
+    out = []
+    for s in range(n):
+        g = torch.Generator().manual_seed(s)
+        out.append((torch.randn(4, 5, 12, generator=g, dtype=torch.float64), torch.randint(0, 3, (4,), generator=g)))
+    return out
+
+
+@pytest.mark.parametrize("measure", ["geodesic_mixed", "m_apgd_linf", "avg_l2"])
+def test_callback_sees_every_iteration_of_every_batch(measure):
+    steps = []
+    res = hs.sharpness(MHAClassifier(), _mha_batches(), measure, rho=0.05, n_iters=6, n_samples=5,
+                       progress=False, callback=steps.append)
+    for b, sr in enumerate(res.solver):
+        mine = [s for s in steps if s.batch == b]
+        if measure.startswith("avg"):
+            # one record per draw; the running mean ends at the batch's mean loss
+            assert [s.iteration for s in mine] == list(range(1, 6))
+            assert [s.value for s in mine] == sr.history
+            assert mine[-1].best - sr.f0 == pytest.approx(sr.value, rel=1e-12, abs=1e-15)
+            continue
+        assert [s.iteration for s in mine] == list(range(7))       # the start, then 6 iterations
+        assert [s.value for s in mine] == sr.history
+        assert [s.step_size for s in mine] == sr.step_sizes
+        assert max(s.best for s in mine) - sr.f0 == sr.value == mine[-1].best - sr.f0
+        assert mine[-1].n_evals == sr.n_evals
+        assert all(a.seconds <= b.seconds for a, b in zip(mine, mine[1:]))
+
+
+def test_progress_bar_is_optional(monkeypatch, capsys):
+    import sys
+    monkeypatch.setitem(sys.modules, "tqdm", None)          # tqdm not installed
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    with_bar = hs.sharpness(MHAClassifier(), _mha_batches(1), "m_apgd_l2", rho=0.05, n_iters=2, progress=True)
+    without = hs.sharpness(MHAClassifier(), _mha_batches(1), "m_apgd_l2", rho=0.05, n_iters=2, progress=False)
+    assert with_bar.per_batch == without.per_batch
+    assert capsys.readouterr().err == ""
+
+
+def test_result_carries_the_measure():
+    m = hs.Measure(metric="mixed", step="straight", eps=0.01)
+    r = hs.sharpness(MHAClassifier(), _mha_batches(1), m, rho=0.05, n_iters=2, progress=False)
+    assert r.measure == m and r.name == "geodesic_mixed_no_christoffel"
+    assert r.config["christoffel"] is False and r.config["norm"] == "riemannian" and r.config["eps"] == 0.01
+    d = r.to_dict()
+    assert hs.Measure.from_dict(d["measure"]) == m

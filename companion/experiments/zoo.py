@@ -22,15 +22,19 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from hideseek.measures import Measure
+
 ModelOrLoader = nn.Module | Callable[[], nn.Module]
 
-#: The three measures of Figures 4 and 5 and Table 1, as keyword arguments for
-#: :func:`hideseek.sharpness` (worst case; the rho is supplied per grid point).
-STANDARD_MEASURES: dict[str, dict[str, Any]] = {
-    "adaptive": dict(measure="adaptive", p="l2"),
-    "geodesic_invariant": dict(measure="geodesic", metric="invariant"),
-    "geodesic_mixed": dict(measure="geodesic", metric="mixed"),
+#: The three measures of Figures 4 and 5 and Table 1 (worst case; the rho is supplied per
+#: grid point).  The one place they are described.
+STANDARD: dict[str, Measure] = {
+    "adaptive": Measure(geometry="adaptive", p="l2"),
+    "geodesic_invariant": Measure(metric="invariant"),
+    "geodesic_mixed": Measure(metric="mixed"),
 }
+#: The same, as keyword arguments for :func:`hideseek.sharpness` (:meth:`Measure.to_keywords`).
+STANDARD_MEASURES: dict[str, dict[str, Any]] = {k: m.to_keywords() for k, m in STANDARD.items()}
 
 _RESERVED = ("rho", "n_iters", "seed")
 

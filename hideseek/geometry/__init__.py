@@ -1,7 +1,10 @@
-"""Geometry: GL(h) pair quotient geometry, batched, and the whole-model product geometry."""
+"""Geometry: GL(h) pair quotient geometry (batched), the elementwise adaptive geometry, and
+their product over a whole model."""
+from .adaptive import AdaptiveGeometry
 from .gl import (METRICS, PairGeometry, act, exact_geodesic_gl1, geodesic_acceleration,
                  horizontal_projection, metric_inner, riemannian_gradient)
-from .space import NORMS, ProductGeometry
+from .space import NORMS, PAIR_PARTS, AdaptiveBallPairStack, PairStack, ProductGeometry
 
-__all__ = ["METRICS", "NORMS", "PairGeometry", "ProductGeometry", "act", "exact_geodesic_gl1",
-           "geodesic_acceleration", "horizontal_projection", "metric_inner", "riemannian_gradient"]
+__all__ = ["METRICS", "NORMS", "PAIR_PARTS", "AdaptiveBallPairStack", "AdaptiveGeometry", "PairGeometry",
+           "PairStack", "ProductGeometry", "act", "exact_geodesic_gl1", "geodesic_acceleration",
+           "horizontal_projection", "metric_inner", "riemannian_gradient"]

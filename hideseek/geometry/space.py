@@ -1,20 +1,33 @@
-"""The perturbation space of a whole model at a fixed point θ.
+"""The perturbation space of a whole model at a fixed point θ, as a product of parts.
 
 Parameters inside GL(h) pairs (attention, user-declared pairs) get the quotient geometry
-of :mod:`hideseek.geometry.gl`, stacked over heads and layers that share a shape; every
-other parameter gets the elementwise adaptive geometry (MATH.md §6).  A tangent vector is
-a plain list of tensors: ``[ξ_G, ξ_H]`` per stacked pair group, then one tensor per free
-parameter.  All state that depends only on θ is computed once here.
+of :mod:`hideseek.geometry.gl`, stacked over heads and layers that share a shape (a
+:class:`PairStack` part); every other parameter gets the elementwise adaptive geometry
+(:class:`~hideseek.geometry.adaptive.AdaptiveGeometry`, ``docs/maths.md``, adaptive
+sharpness).  :class:`ProductGeometry` composes the parts (like geoopt's ``ProductManifold``):
+a tangent vector is a plain list of tensors, each part owning a consecutive run of it —
+``[ξ_G, ξ_H]`` per stacked pair group, then one tensor per free parameter — and the norm
+of the product is the ℓ2 norm of the parts' norms.  All state that depends only on θ is
+computed once, when the parts are built.
+
+A part answers: ``n_tensors``, ``zeros()``, ``point(x, out)`` (write the stepped
+parameters into ``out``), ``sqnorm_terms(x)`` (scalars whose sum is its squared norm),
+``project(x)`` (onto its allowed subspace), ``rgrad(egrad)`` (metric dual of the
+Euclidean gradient, in the allowed subspace), ``draw(randn)`` (a Gaussian tangent in
+metric-whitened coordinates, before projection) and ``correction_ratio(x)``.  A new kind of
+pair part (say, pairs under a smaller symmetry group) is one subclass of :class:`PairStack`
+that overrides :meth:`PairStack.make_pair` and, if its ball differs, the norm methods.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from ..symmetries.base import SymmetryBlock
+from .adaptive import AdaptiveGeometry
 from .gl import PairGeometry
 
 Tangent = list[Tensor]
@@ -35,58 +48,20 @@ class _Slot:
     stop: int
 
 
-class ProductGeometry:
-    """Metric, projection, gradient and geodesic step for all of a model's parameters.
+# ---------------------------------------------------------------------------- pair parts
+class PairStack:
+    """The GL(h) pairs of ``blocks`` under the pair metric, perturbations horizontal.
 
-    Parameters
-    ----------
-    params:
-        ``name -> tensor`` at θ (only the parameters to perturb).
-    blocks:
-        Symmetry blocks (each owning its parameters entirely); empty for pure adaptive.
-    metric, eps:
-        Pair metric (``"invariant"`` or ``"mixed"``) and ε relaxation.
-    norm:
-        ``"riemannian"``: the pair metric, perturbations of the pairs restricted to the
-        horizontal space; ``"adaptive"``: the elementwise ``‖ξ ⊘ |θ|‖₂`` ball on every
-        parameter with no horizontal restriction — adaptive sharpness's own ball — while the
-        step can still follow the metric's geodesic (the Christoffel-only ablation).  The
-        horizontal space is orthogonal to the orbits in the *metric*, not in the adaptive
-        inner product, so restricting the adaptive ball to it would make the ball projection
-        oblique and the search degenerate; the ablation therefore isolates the step alone.
-    christoffel:
-        ``True`` second-order geodesic step, ``False`` straight step, ``"exact"`` closed-form
-        geodesics (invariant metric, h = 1, ε = 0).
-    p:
-        ``"l2"`` or ``"linf"``; ``"linf"`` is only defined without pairs (adaptive ℓ∞).
+    Pairs of equal shape are stacked over blocks (heads, layers) into one
+    :class:`~hideseek.geometry.gl.PairGeometry` each; the part owns ``[ξ_G, ξ_H]`` per
+    stack.  The step is the metric's geodesic: second order (``christoffel=True``),
+    straight (``False``) or closed-form (``"exact"``).
     """
 
-    def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock] = (), *,
-                 metric: str = "invariant", eps: float = 0.0, norm: str = "riemannian",
-                 christoffel: bool | str = True, p: str = "l2") -> None:
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-        if p not in ("l2", "linf"):
-            raise ValueError(f"p must be 'l2' or 'linf', got {p!r}")
-        if p == "linf" and blocks:
-            raise ValueError("the l∞ ball is only defined for the adaptive measure (no pairs)")
-        self.norm, self.christoffel, self.p = norm, christoffel, p
+    def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock], *,
+                 metric: str = "invariant", eps: float = 0.0, christoffel: bool | str = True) -> None:
         self.blocks = list(blocks)
-        owned = [n for b in self.blocks for n in b.param_names]
-        if len(owned) != len(set(owned)):
-            raise ValueError("a parameter belongs to two symmetry blocks")
-        missing = [n for n in owned if n not in params]
-        if missing:
-            raise KeyError(f"symmetry blocks refer to unknown parameters: {missing}")
-        self.free_names = [n for n in params if n not in set(owned)]
-        self.theta_free = [params[n].detach() for n in self.free_names]
-        self.c_free = [t.abs() for t in self.theta_free]
-        # exact zeros (vanishing adaptive scale) are rare: remember where, handle them apart
-        self._zero = [bool((c == 0).any()) for c in self.c_free]
-        self._nz = [i for i, z in enumerate(self._zero) if not z]
-        self._z = [i for i, z in enumerate(self._zero) if z]
-
-        # Stack pair groups of equal shape over blocks.
+        self.christoffel = christoffel
         stacks: dict[tuple, list[tuple[Tensor, Tensor]]] = {}
         self.slots: list[list[_Slot]] = []
         keys: list[tuple] = []
@@ -101,30 +76,179 @@ class ProductGeometry:
                 stacks[key].append((G, H))
                 slots.append(_Slot(keys.index(key), start, start + G.shape[0]))
             self.slots.append(slots)
-        self.pairs: list[PairGeometry] = []
-        for key in keys:
-            G = torch.cat([g for g, _ in stacks[key]])
-            H = torch.cat([h for _, h in stacks[key]])
-            self.pairs.append(PairGeometry(G, H, metric, eps))
-        if norm == "adaptive":
-            self.c_pairs = [(_floor_scale(pg.G), _floor_scale(pg.H)) for pg in self.pairs]
-        ref = next(iter(params.values()))
-        self.dtype, self.device = ref.dtype, ref.device
+        self.pairs: list[PairGeometry] = [
+            self.make_pair(torch.cat([g for g, _ in stacks[key]]), torch.cat([h for _, h in stacks[key]]),
+                           key, metric, eps) for key in keys]
 
-    # ------------------------------------------------------------------ basics
+    def make_pair(self, G: Tensor, H: Tensor, key: tuple, metric: str, eps: float) -> PairGeometry:
+        """The geometry of one stack of pairs (override for another symmetry group)."""
+        return PairGeometry(G, H, metric, eps)
+
     @property
-    def n_pair_tensors(self) -> int:
+    def n_tensors(self) -> int:
         return 2 * len(self.pairs)
+
+    def _pairs(self, x: Tangent):
+        return [(x[2 * i], x[2 * i + 1]) for i in range(len(self.pairs))]
 
     def zeros(self) -> Tangent:
         out = []
         for pg in self.pairs:
             out += [torch.zeros_like(pg.G), torch.zeros_like(pg.H)]
-        return out + [torch.zeros_like(t) for t in self.theta_free]
+        return out
 
-    def _split(self, x: Tangent):
-        k = self.n_pair_tensors
-        return [(x[2 * i], x[2 * i + 1]) for i in range(len(self.pairs))], x[k:]
+    def point(self, x: Tangent, out: dict[str, Tensor]) -> None:
+        stepped = [pg.step(xG, xH, self.christoffel) for pg, (xG, xH) in zip(self.pairs, self._pairs(x))]
+        for blk, slots in zip(self.blocks, self.slots):
+            out.update(blk.merge([(stepped[s.group][0][s.start:s.stop], stepped[s.group][1][s.start:s.stop])
+                                  for s in slots]))
+
+    def sqnorm_terms(self, x: Tangent) -> list[Tensor]:
+        return [pg.sqnorm(xG, xH).sum() for pg, (xG, xH) in zip(self.pairs, self._pairs(x))]
+
+    def project(self, x: Tangent) -> Tangent:
+        out = []
+        for pg, (xG, xH) in zip(self.pairs, self._pairs(x)):
+            out += list(pg.project(xG, xH))
+        return out
+
+    def rgrad(self, egrad: Tangent) -> Tangent:
+        out = []
+        for pg, (gG, gH) in zip(self.pairs, self._pairs(egrad)):
+            out += list(pg.egrad_to_rgrad(gG, gH))
+        return out
+
+    def draw(self, randn: Callable[[Tensor], Tensor]) -> Tangent:
+        out = []
+        for pg in self.pairs:
+            zG, zH = randn(pg.G), randn(pg.H)
+            out += list(pg.whiten_inverse(zG, zH))
+        return out
+
+    def correction_ratio(self, x: Tangent) -> float:
+        """Largest ``‖½ γ̈(0)‖ / ‖ξ‖`` (Frobenius, per pair) over the pairs."""
+        worst = 0.0
+        for pg, (xG, xH) in zip(self.pairs, self._pairs(x)):
+            aG, aH = pg.acceleration(xG, xH)
+            num = 0.5 * (aG.square().sum((-1, -2)) + aH.square().sum((-1, -2))).sqrt()
+            den = (xG.square().sum((-1, -2)) + xH.square().sum((-1, -2))).sqrt()
+            ok = den > 0
+            if bool(ok.any()):
+                worst = max(worst, float((num[ok] / den[ok]).max()))
+        return worst
+
+
+class AdaptiveBallPairStack(PairStack):
+    """The pairs with adaptive sharpness's elementwise ball ``‖ξ ⊘ |θ|‖₂`` and no horizontal
+    restriction, the step still the metric's geodesic: the Christoffel-only ablation
+    (paper Appendix G).  The horizontal space is orthogonal to the orbits in the *metric*,
+    not in the adaptive inner product, so restricting this ball to it would make the ball
+    projection oblique and the search degenerate; the ablation isolates the step alone.
+    Exact zeros inside a pair get a tiny floor scale (:func:`_floor_scale`)."""
+
+    def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock], **kw) -> None:
+        super().__init__(params, blocks, **kw)
+        self.scales = [(_floor_scale(pg.G), _floor_scale(pg.H)) for pg in self.pairs]
+
+    def sqnorm_terms(self, x: Tangent) -> list[Tensor]:
+        return [(xG / cG).square().sum() + (xH / cH).square().sum()
+                for (cG, cH), (xG, xH) in zip(self.scales, self._pairs(x))]
+
+    def project(self, x: Tangent) -> Tangent:
+        return list(x[:self.n_tensors])
+
+    def rgrad(self, egrad: Tangent) -> Tangent:
+        out = []
+        for (cG, cH), (gG, gH) in zip(self.scales, self._pairs(egrad)):
+            out += [cG.square() * gG, cH.square() * gH]
+        return out
+
+    def draw(self, randn: Callable[[Tensor], Tensor]) -> Tangent:
+        out = []
+        for pg, (cG, cH) in zip(self.pairs, self.scales):
+            zG, zH = randn(pg.G), randn(pg.H)
+            out += [cG * zG, cH * zH]
+        return out
+
+
+#: the pair part of each ``norm=`` (ball) of :class:`ProductGeometry`
+PAIR_PARTS: dict[str, type[PairStack]] = {"riemannian": PairStack, "adaptive": AdaptiveBallPairStack}
+
+
+# ---------------------------------------------------------------------------- product
+class ProductGeometry:
+    """Metric, projection, gradient and geodesic step for all of a model's parameters:
+    the product of a pair part (when there are blocks) and the adaptive part.
+
+    Parameters
+    ----------
+    params:
+        ``name -> tensor`` at θ (only the parameters to perturb).
+    blocks:
+        Symmetry blocks (each owning its parameters entirely); empty for pure adaptive.
+    metric, eps:
+        Pair metric (``"invariant"`` or ``"mixed"``) and ε relaxation.
+    norm:
+        The ball of the pairs: ``"riemannian"`` (:class:`PairStack`: the pair metric,
+        horizontal perturbations) or ``"adaptive"`` (:class:`AdaptiveBallPairStack`, the
+        Christoffel-only ablation).
+    christoffel:
+        ``True`` second-order geodesic step, ``False`` straight step, ``"exact"`` closed-form
+        geodesics (invariant metric, h = 1, ε = 0).
+    p:
+        ``"l2"`` or ``"linf"``; ``"linf"`` is only defined without pairs (adaptive ℓ∞).
+    pair_part:
+        A :class:`PairStack` subclass to use instead of ``PAIR_PARTS[norm]``.
+    """
+
+    def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock] = (), *,
+                 metric: str = "invariant", eps: float = 0.0, norm: str = "riemannian",
+                 christoffel: bool | str = True, p: str = "l2",
+                 pair_part: type[PairStack] | None = None) -> None:
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if p not in ("l2", "linf"):
+            raise ValueError(f"p must be 'l2' or 'linf', got {p!r}")
+        if p == "linf" and blocks:
+            raise ValueError("the l∞ ball is only defined for the adaptive measure (no pairs)")
+        self.norm, self.christoffel, self.p = norm, christoffel, p
+        self.blocks = list(blocks)
+        owned = [n for b in self.blocks for n in b.param_names]
+        if len(owned) != len(set(owned)):
+            raise ValueError("a parameter belongs to two symmetry blocks")
+        missing = [n for n in owned if n not in params]
+        if missing:
+            raise KeyError(f"symmetry blocks refer to unknown parameters: {missing}")
+        self.pair_part = (pair_part or PAIR_PARTS[norm])(params, self.blocks, metric=metric, eps=eps,
+                                                         christoffel=christoffel)
+        free_names = [n for n in params if n not in set(owned)]
+        self.adaptive = AdaptiveGeometry(free_names, [params[n] for n in free_names], p)
+        self.parts = [self.pair_part, self.adaptive]
+        ref = next(iter(params.values()))
+        self.dtype, self.device = ref.dtype, ref.device
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def pairs(self) -> list[PairGeometry]:
+        return self.pair_part.pairs
+
+    @property
+    def n_pair_tensors(self) -> int:
+        return self.pair_part.n_tensors
+
+    @property
+    def free_names(self) -> list[str]:
+        return self.adaptive.names
+
+    def _split(self, x: Tangent) -> list[Tangent]:
+        out, start = [], 0
+        for part in self.parts:
+            out.append(x[start:start + part.n_tensors])
+            start += part.n_tensors
+        return out
+
+    def zeros(self) -> Tangent:
+        return [t for part in self.parts for t in part.zeros()]
 
     def dimension(self) -> int:
         return sum(t.numel() for t in self.zeros())
@@ -132,14 +256,9 @@ class ProductGeometry:
     # ------------------------------------------------------------------ point
     def point(self, x: Tangent) -> dict[str, Tensor]:
         """Parameters at ``γ_ξ(1)`` (differentiable in ξ) for a functional forward pass."""
-        pair_x, free_x = self._split(x)
-        stepped = [pg.step(xG, xH, self.christoffel) for pg, (xG, xH) in zip(self.pairs, pair_x)]
         out: dict[str, Tensor] = {}
-        for blk, slots in zip(self.blocks, self.slots):
-            out.update(blk.merge([(stepped[s.group][0][s.start:s.stop], stepped[s.group][1][s.start:s.stop])
-                                  for s in slots]))
-        for name, t, xi in zip(self.free_names, self.theta_free, free_x):
-            out[name] = t + xi
+        for part, xs in zip(self.parts, self._split(x)):
+            part.point(xs, out)
         return out
 
     def pullback(self, grads: Mapping[str, Tensor]) -> Tangent:
@@ -160,77 +279,35 @@ class ProductGeometry:
         """Largest ``‖½ γ̈(0)‖ / ‖ξ‖`` (Frobenius, per pair) over all pairs: how far the
         second-order step bends away from the straight one.  Values near or above 1 mean the
         radius is too large for the second-order geodesic approximation to be trusted."""
-        pair_x, _ = self._split(x)
-        worst = 0.0
-        for pg, (xG, xH) in zip(self.pairs, pair_x):
-            aG, aH = pg.acceleration(xG, xH)
-            num = 0.5 * (aG.square().sum((-1, -2)) + aH.square().sum((-1, -2))).sqrt()
-            den = (xG.square().sum((-1, -2)) + xH.square().sum((-1, -2))).sqrt()
-            ok = den > 0
-            if bool(ok.any()):
-                worst = max(worst, float((num[ok] / den[ok]).max()))
-        return worst
+        return self.pair_part.correction_ratio(self._split(x)[0])
 
     # ------------------------------------------------------------------ metric
     def sqnorm(self, x: Tangent) -> Tensor:
         """Squared norm of the whole perturbation (sum over all parts; ℓ2 only)."""
-        pair_x, free_x = self._split(x)
-        parts = []
-        for i, (pg, (xG, xH)) in enumerate(zip(self.pairs, pair_x)):
-            if self.norm == "riemannian":
-                parts.append(pg.sqnorm(xG, xH).sum())
-            else:
-                cG, cH = self.c_pairs[i]
-                parts.append((xG / cG).square().sum() + (xH / cH).square().sum())
-        if self._nz:   # one fused division and one fused norm over the tensors without zeros
-            q = torch._foreach_div([free_x[i] for i in self._nz], [self.c_free[i] for i in self._nz])
-            parts += [n.square() for n in torch._foreach_norm(q)]
-        for i in self._z:
-            c = self.c_free[i]
-            parts.append(torch.where(c > 0, free_x[i] / torch.where(c > 0, c, 1), 0).square().sum())
-        if not parts:
+        terms = [t for part, xs in zip(self.parts, self._split(x)) for t in part.sqnorm_terms(xs)]
+        if not terms:
             return torch.zeros((), dtype=self.dtype, device=self.device)
-        return torch.stack(parts).sum()
+        return torch.stack(terms).sum()
 
     def norm_of(self, x: Tangent) -> Tensor:
         if self.p == "linf":
-            vals = [torch.where(c > 0, xi.abs() / torch.where(c > 0, c, 1), 0).amax()
-                    for xi, c in zip(x, self.c_free) if xi.numel()]
-            return torch.stack(vals).amax()
+            return torch.stack(self.adaptive.linf_terms(self._split(x)[1])).amax()
         return self.sqnorm(x).sqrt()
 
     def project(self, x: Tangent) -> Tangent:
-        """Onto the tangent space of allowed perturbations: horizontal pair parts, zero where
-        a free parameter is exactly zero (its adaptive scale vanishes)."""
-        pair_x, free_x = self._split(x)
-        out = []
-        for pg, (xG, xH) in zip(self.pairs, pair_x):
-            # with the adaptive norm the pair parts are free (see the class docstring)
-            out += list(pg.project(xG, xH)) if self.norm == "riemannian" else [xG, xH]
-        return out + [torch.where(c > 0, xi, 0) if z else xi
-                      for xi, c, z in zip(free_x, self.c_free, self._zero)]
+        """Onto the tangent space of allowed perturbations: each part's allowed subspace
+        (horizontal pair parts; zero where a free parameter is exactly zero)."""
+        return [t for part, xs in zip(self.parts, self._split(x)) for t in part.project(xs)]
 
     def rgrad(self, egrad: Tangent) -> Tangent:
         """Steepest-ascent direction for the chosen norm (not normalised), in the allowed
         subspace (horizontal pair parts for the Riemannian norm)."""
-        pair_g, free_g = self._split(egrad)
-        out = []
-        for i, (pg, (gG, gH)) in enumerate(zip(self.pairs, pair_g)):
-            if self.norm == "riemannian":
-                out += list(pg.egrad_to_rgrad(gG, gH))
-            else:
-                cG, cH = self.c_pairs[i]
-                out += [cG.square() * gG, cH.square() * gH]
-        if free_g:
-            r = list(torch._foreach_mul(free_g, self.c_free))
-            torch._foreach_mul_(r, self.c_free)
-            out += r
-        return out
+        return [t for part, gs in zip(self.parts, self._split(egrad)) for t in part.rgrad(gs)]
 
     def direction(self, egrad: Tangent) -> Tangent:
         """Unit steepest-ascent direction (ℓ2: ``grad/‖grad‖``; ℓ∞: ``sign(g) ⊙ |θ|``)."""
         if self.p == "linf":
-            return [torch.sign(g) * c for g, c in zip(egrad, self.c_free)]
+            return self.adaptive.linf_direction(self._split(egrad)[1])
         r = self.rgrad(egrad)
         n = self.sqnorm(r).sqrt()
         n = torch.where(n > 0, n, torch.ones_like(n))
@@ -242,7 +319,7 @@ class ProductGeometry:
         ``project=False`` skips the (linear) projection onto the allowed subspace, for ``x``
         that is already a linear combination of allowed vectors."""
         if self.p == "linf":
-            return [torch.maximum(torch.minimum(xi, rho * c), -rho * c) for xi, c in zip(x, self.c_free)]
+            return self.adaptive.linf_ball(self._split(x)[1], rho)
         if project:
             x = self.project(x)
         n = self.sqnorm(x).sqrt()
@@ -251,21 +328,12 @@ class ProductGeometry:
 
     def random_direction(self, generator: torch.Generator) -> Tangent:
         """A direction drawn uniformly from the unit sphere of the allowed subspace
-        (Gaussian in metric-whitened coordinates, projected, normalised)."""
+        (Gaussian in metric-whitened coordinates, projected, normalised); ℓ∞: a random
+        corner of the box."""
         def randn(t):
             return torch.randn(t.shape, generator=generator, dtype=t.dtype, device="cpu").to(t.device)
 
-        out = []
-        for i, pg in enumerate(self.pairs):
-            zG, zH = randn(pg.G), randn(pg.H)
-            if self.norm == "riemannian":
-                out += list(pg.whiten_inverse(zG, zH))
-            else:
-                cG, cH = self.c_pairs[i]
-                out += [cG * zG, cH * zH]
-        for t, c in zip(self.theta_free, self.c_free):
-            z = randn(t)
-            out.append(c * (torch.sign(z) if self.p == "linf" else z))
+        out = [t for part in self.parts for t in part.draw(randn)]
         if self.p == "linf":
             return out  # corners of the l∞ ball
         out = self.project(out)

@@ -1,4 +1,4 @@
 """Maximisers over a ball of perturbations."""
-from .apgd import SolverResult, apgd, apgd_checkpoints, average_case, random_search
+from .apgd import SolverResult, SolverStep, apgd, apgd_checkpoints, average_case, random_search
 
-__all__ = ["SolverResult", "apgd", "apgd_checkpoints", "average_case", "random_search"]
+__all__ = ["SolverResult", "SolverStep", "apgd", "apgd_checkpoints", "average_case", "random_search"]

@@ -3,18 +3,45 @@
 The solvers see a problem through a small interface: ``objective(x) -> (f, egrad)`` and a
 geometry with ``zeros``, ``direction``, ``ball`` and ``random_direction`` (see
 :class:`hideseek.geometry.space.ProductGeometry`).  They maximise ``f`` over the ball.
+
+Observers (progress, benchmarks, tests) pass ``callback=``: it is called with a
+:class:`SolverStep` at the start (iteration 0) and after every iteration.  The search's
+phases are also labelled for ``torch.profiler`` (``hideseek.geometry`` around the direction
+and the ball projection).
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
+from torch.autograd.profiler import record_function
 
 Objective = Callable[[list[Tensor]], tuple[Tensor, list[Tensor]]]
+
+
+@dataclass(frozen=True)
+class SolverStep:
+    """What an observer sees after each iteration of a solver (iteration 0: the start).
+
+    ``value`` is the objective at this iteration's point, ``best`` the largest so far (for
+    :func:`average_case`, the running mean), ``step_size`` Auto-PGD's current η (``None``
+    for the sampling solvers), ``n_evals`` objective evaluations so far, ``seconds`` since
+    the solver started; ``batch`` is set by :func:`hideseek.sharpness` (the batch index)."""
+
+    iteration: int
+    value: float
+    best: float
+    step_size: float | None
+    n_evals: int
+    seconds: float
+    batch: int | None = None
+
+
+Callback = Callable[[SolverStep], Any]
 
 
 def apgd_checkpoints(n_iters: int) -> list[int]:
@@ -44,7 +71,8 @@ class SolverResult:
 
 def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
          f0: float | None = None, x0: list[Tensor] | None = None, alpha: float = 0.75,
-         rho_frac: float = 0.75, start: tuple[Tensor, list[Tensor]] | None = None) -> SolverResult:
+         rho_frac: float = 0.75, start: tuple[Tensor, list[Tensor]] | None = None,
+         callback: Callback | None = None) -> SolverResult:
     """Maximise ``objective`` over ``{ξ allowed, ‖ξ‖ ≤ ρ}`` with Auto-PGD.
 
     Initial step size ``2ρ``; momentum mixes ``alpha`` of the projected step with
@@ -57,6 +85,9 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
     ``start = (f, egrad)`` gives the objective and its gradient at the starting point when
     the caller already has them (``hideseek.sharpness`` reuses its set-up pass at ξ = 0), so
     that the search costs ``n_iters`` gradient evaluations instead of ``n_iters + 1``.
+
+    ``callback(SolverStep)`` is called at the start and after each iteration; it sees
+    Python floats only (no extra host sync).
     """
     t0 = time.perf_counter()
     x = geometry.zeros() if x0 is None else geometry.ball(x0, rho)
@@ -73,19 +104,23 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
     x_prev = x
     increases, last_ckpt = 0, 0
     eta_last, best_last = eta, best_val
+    n_start = 1 if start is None else 0
+    if callback is not None:
+        callback(SolverStep(0, f_val, best_val, eta, n_start, time.perf_counter() - t0))
     for k in range(n_iters):
-        # x, x_prev and the direction d are allowed (horizontal) vectors, so are their
-        # combinations: only the radial part of the ball projection is needed.
-        d = geometry.direction(g)
-        z = geometry.ball(list(torch._foreach_add(x, d, alpha=eta)), rho, project=False)
-        if k == 0:
-            x_new = z
-        else:
-            # x + α(z − x) + (1 − α)(x − x_prev) = (2 − 2α) x + α z − (1 − α) x_prev
-            m = list(torch._foreach_mul(x, 2.0 - 2.0 * alpha))
-            torch._foreach_add_(m, z, alpha=alpha)
-            torch._foreach_add_(m, x_prev, alpha=-(1.0 - alpha))
-            x_new = geometry.ball(m, rho, project=False)
+        with record_function("hideseek.geometry"):
+            # x, x_prev and the direction d are allowed (horizontal) vectors, so are their
+            # combinations: only the radial part of the ball projection is needed.
+            d = geometry.direction(g)
+            z = geometry.ball(list(torch._foreach_add(x, d, alpha=eta)), rho, project=False)
+            if k == 0:
+                x_new = z
+            else:
+                # x + α(z − x) + (1 − α)(x − x_prev) = (2 − 2α) x + α z − (1 − α) x_prev
+                m = list(torch._foreach_mul(x, 2.0 - 2.0 * alpha))
+                torch._foreach_add_(m, z, alpha=alpha)
+                torch._foreach_add_(m, x_prev, alpha=-(1.0 - alpha))
+                x_new = geometry.ball(m, rho, project=False)
         f_new, g_new = objective(x_new)
         fv = float(f_new)     # the one host sync per iteration the schedule needs
         history.append(fv)
@@ -104,12 +139,15 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
             increases, last_ckpt = 0, k + 1
             eta_last, best_last = eta, best_val
         steps.append(eta)
+        if callback is not None:
+            callback(SolverStep(k + 1, fv, best_val, eta, n_start + k + 1, time.perf_counter() - t0))
     return SolverResult(best_val - base, base, [t.detach() for t in best_x], history, steps,
                         n_iters + (start is None), time.perf_counter() - t0)
 
 
 def random_search(value: Callable[[list[Tensor]], Tensor], geometry, rho: float, n_samples: int,
-                  generator: torch.Generator, *, sphere: bool = True) -> SolverResult:
+                  generator: torch.Generator, *, sphere: bool = True,
+                  callback: Callback | None = None) -> SolverResult:
     """Best of ``n_samples`` random perturbations on the sphere of radius ρ (or in the ball
     when ``sphere=False``), drawn uniformly in metric-whitened coordinates."""
     t0 = time.perf_counter()
@@ -123,17 +161,23 @@ def random_search(value: Callable[[list[Tensor]], Tensor], geometry, rho: float,
         hist.append(v)
         if v > best:
             best, best_x = v, x
+        if callback is not None:
+            callback(SolverStep(len(hist), v, best, None, len(hist) + 1, time.perf_counter() - t0))
     return SolverResult(best - base, base, best_x, hist, [], n_samples + 1, time.perf_counter() - t0)
 
 
 def average_case(value: Callable[[list[Tensor]], Tensor], geometry, rho: float, n_samples: int,
-                 generator: torch.Generator) -> SolverResult:
-    """Mean of ``L(γ_ξ(1)) − L(θ)`` over ξ uniform on the sphere of radius ρ."""
+                 generator: torch.Generator, *, callback: Callback | None = None) -> SolverResult:
+    """Mean of ``L(γ_ξ(1)) − L(θ)`` over ξ uniform on the sphere of radius ρ
+    (``callback``'s ``best`` is the running mean of the values)."""
     t0 = time.perf_counter()
     base = float(value(geometry.zeros()))
     hist = []
     for _ in range(n_samples):
         x = [rho * t for t in geometry.random_direction(generator)]
         hist.append(float(value(x)))
+        if callback is not None:
+            callback(SolverStep(len(hist), hist[-1], sum(hist) / len(hist), None, len(hist) + 1,
+                                time.perf_counter() - t0))
     mean = sum(hist) / len(hist)
     return SolverResult(mean - base, base, [], hist, [], n_samples + 1, time.perf_counter() - t0)

@@ -1,0 +1,227 @@
+"""One typed description of a sharpness measure.
+
+A :class:`Measure` says everything that defines a measure — which geometry the ball lives
+in, which metric, which norm, which step, the ε relaxation, ℓ2 or ℓ∞, worst or average
+case — and names itself.  Everything else (the radius ρ, the iterations, the seed) is a
+setting of the computation, not of the measure.  See ``docs/maths.md`` (sharpness measures
+and the ablations of the paper's Appendix G).
+
+=================  ===================================  =========================================
+field              values                               meaning
+=================  ===================================  =========================================
+``geometry``       ``"adaptive"`` | ``"geodesic"``      elementwise ball on every parameter, or
+                                                        the GL(h) quotient geometry on the pairs
+``metric``         ``"invariant"`` | ``"mixed"``        pair metric (paper Eq. 9 / Eq. 10);
+                                                        geodesic only (``None`` for adaptive)
+``p``              ``"l2"`` | ``"linf"``                ℓ∞ for the adaptive geometry only
+``ball``           ``"riemannian"`` | ``"adaptive"``    the pair metric with horizontal ξ, or
+                                                        adaptive sharpness's ``‖ξ ⊘ |θ|‖₂`` ball
+``step``           ``"second_order"`` | ``"straight"``  ``θ + ξ + ½Γ(ξ, ξ)``, ``θ + ξ`` or the
+                   | ``"exact"``                        closed-form geodesic (GL(1) pairs, ε = 0)
+``eps``            ≥ 0                                  ε relaxation ``S ↦ S + εI`` (geodesic)
+``kind``           ``"worst"`` | ``"average"``          Auto-PGD maximum or mean over the sphere
+=================  ===================================  =========================================
+
+Names are the ones the results have always carried (``m_apgd_l2``, ``avg_linf``,
+``geodesic_mixed``, ``geodesic_mixed_no_christoffel``, ``avg_geodesic_invariant`` …);
+ε is not part of the name (reports carry it beside), it is part of the :attr:`Measure.label`.
+
+>>> Measure.parse("geodesic_mixed_no_christoffel")
+Measure(geometry='geodesic', metric='mixed', p='l2', ball='riemannian', step='straight', eps=0.0, kind='worst')
+>>> Measure(geometry="adaptive", p="linf").name
+'m_apgd_linf'
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+GEOMETRIES = ("adaptive", "geodesic")
+METRICS = ("invariant", "mixed")
+PS = ("l2", "linf")
+BALLS = ("riemannian", "adaptive")
+STEPS = ("second_order", "straight", "exact")
+KINDS = ("worst", "average")
+
+#: ``christoffel=`` of the keyword form ↔ ``step``
+_STEP_OF_CHRISTOFFEL = {True: "second_order", False: "straight", "exact": "exact"}
+_CHRISTOFFEL_OF_STEP = {"second_order": True, "straight": False, "exact": "exact"}
+#: name suffix and label tag of each (ball, step) of the geodesic geometry
+_ABLATIONS = {("riemannian", "second_order"): ("", ""),
+              ("riemannian", "straight"): ("_no_christoffel", "no-christoffel"),
+              ("riemannian", "exact"): ("_exact", "exact"),
+              ("adaptive", "second_order"): ("_christoffel_only", "christoffel-only"),
+              ("adaptive", "straight"): ("_adaptive_norm_straight", "adaptive-norm-straight")}
+
+
+def _choice(field: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"Measure: {field} must be one of {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What defines a sharpness measure (see the module docstring for the fields).
+
+    ``metric``, ``ball`` and ``step`` left as ``None`` take the geometry's defaults:
+    geodesic — ``"invariant"``, ``"riemannian"``, ``"second_order"``; adaptive — no metric,
+    ``"adaptive"``, ``"straight"``.  ``Measure()`` is the paper's geodesic sharpness with
+    the invariant metric.
+    """
+
+    geometry: str = "geodesic"
+    metric: str | None = None
+    p: str = "l2"
+    ball: str | None = None
+    step: str | None = None
+    eps: float = 0.0
+    kind: str = "worst"
+
+    def __post_init__(self) -> None:
+        _choice("geometry", self.geometry, GEOMETRIES)
+        _choice("kind", self.kind, KINDS)
+        _choice("p", self.p, PS)
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) \
+                or not math.isfinite(self.eps) or self.eps < 0:
+            raise ValueError(f"Measure: eps must be a finite number >= 0, got {self.eps!r}")
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        set_("eps", float(self.eps))
+        if self.geometry == "adaptive":
+            if self.metric is not None:
+                raise ValueError(f"Measure: the adaptive geometry has no metric (got metric={self.metric!r}); "
+                                 "drop metric= or use geometry='geodesic'")
+            if self.ball not in (None, "adaptive") or self.step not in (None, "straight"):
+                raise ValueError("Measure: the adaptive geometry has the adaptive ball and the straight step "
+                                 f"only (got ball={self.ball!r}, step={self.step!r}); use geometry='geodesic' "
+                                 "for the Riemannian ball or a geodesic step")
+            if self.eps != 0.0:
+                raise ValueError(f"Measure: eps relaxes the pair metric's Gram matrices, the adaptive geometry "
+                                 f"has none (got eps={self.eps!r}); drop eps= or use geometry='geodesic'")
+            set_("ball", "adaptive")
+            set_("step", "straight")
+            return
+        set_("metric", "invariant" if self.metric is None else self.metric)
+        set_("ball", "riemannian" if self.ball is None else self.ball)
+        set_("step", "second_order" if self.step is None else self.step)
+        _choice("metric", self.metric, METRICS)
+        _choice("ball", self.ball, BALLS)
+        _choice("step", self.step, STEPS)
+        if self.p != "l2":
+            raise ValueError("Measure: geodesic sharpness uses the ℓ2 (metric) ball; p='linf' is for "
+                             "geometry='adaptive'")
+        if self.step == "exact" and (self.eps != 0.0 or self.ball != "riemannian"):
+            raise ValueError("Measure: step='exact' (closed-form GL(1) geodesics) needs ball='riemannian' "
+                             f"and eps=0 (got ball={self.ball!r}, eps={self.eps!r}); use step='second_order'")
+
+    # ------------------------------------------------------------------ names
+    @property
+    def name(self) -> str:
+        """Identifier used in results and file layouts (ε not included)."""
+        if self.geometry == "adaptive":
+            return ("m_apgd_" if self.kind == "worst" else "avg_") + self.p
+        name = f"geodesic_{self.metric}" + _ABLATIONS[self.ball, self.step][0]
+        return name if self.kind == "worst" else "avg_" + name
+
+    @property
+    def label(self) -> str:
+        """Human-readable label, distinct for distinct measures (ε included)."""
+        eps = [] if self.eps == 0.0 else [f"ε={self.eps:g}"]
+        if self.geometry == "adaptive":
+            base = f"adaptive {'ℓ2' if self.p == 'l2' else 'ℓ∞'}" + (f" [{eps[0]}]" if eps else "")
+        else:
+            tags = [t for t in (_ABLATIONS[self.ball, self.step][1],) if t] + eps
+            base = f"geodesic_{self.metric}" + (f"[{', '.join(tags)}]" if tags else "")
+        return base if self.kind == "worst" else "average " + base
+
+    # ------------------------------------------------------- what the engine reads
+    @property
+    def norm(self) -> str:
+        """The ball as the geometry's ``norm=`` switch (``"riemannian"`` / ``"adaptive"``)."""
+        return self.ball
+
+    @property
+    def christoffel(self) -> bool | str:
+        """The step as the geometry's ``christoffel=`` switch (``True``/``False``/``"exact"``)."""
+        return _CHRISTOFFEL_OF_STEP[self.step]
+
+    # ------------------------------------------------------------ conversions
+    def replace(self, **changes: Any) -> "Measure":
+        """A copy with ``changes``.  Changing ``geometry`` resets ``metric``, ``ball`` and
+        ``step`` to the new geometry's defaults unless they are given too."""
+        if "geometry" in changes and changes["geometry"] != self.geometry:
+            for k in ("metric", "ball", "step"):
+                changes.setdefault(k, None)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (YAML/JSON); :meth:`from_dict` reads it back."""
+        return dataclasses.asdict(self)
+
+    def to_keywords(self) -> dict[str, Any]:
+        """The keyword form of :func:`hideseek.sharpness` for this measure (what
+        :meth:`from_keywords` reads back): ``measure`` (the geometry), ``p``, ``kind`` and,
+        for the geodesic geometry, ``metric``, ``norm``, ``christoffel``, ``eps``."""
+        kw: dict[str, Any] = dict(measure=self.geometry, p=self.p, kind=self.kind)
+        if self.geometry == "geodesic":
+            kw.update(metric=self.metric, norm=self.norm, christoffel=self.christoffel, eps=self.eps)
+        return kw
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Measure":
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"Measure.from_dict: unknown keys {sorted(unknown)}; known: "
+                             f"{[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**d)
+
+    @classmethod
+    def parse(cls, name: "str | Measure") -> "Measure":
+        """The measure called ``name`` (inverse of :attr:`name`, ε = 0), or one of the
+        aliases ``"adaptive"`` (adaptive ℓ2, worst case) and ``"geodesic"`` (``Measure()``)."""
+        if isinstance(name, Measure):
+            return name
+        if not isinstance(name, str):
+            raise TypeError(f"a measure is a Measure or its name (str), got {type(name).__name__}")
+        table = _by_name()
+        if name not in table:
+            raise ValueError(f"unknown measure {name!r}; known: {sorted(table)}")
+        return table[name]
+
+    @classmethod
+    def from_keywords(cls, measure: "str | Measure" = "geodesic", *, metric: str | None = None,
+                      p: str | None = None, kind: str | None = None, norm: str | None = None,
+                      christoffel: bool | str | None = None, eps: float | None = None) -> "Measure":
+        """The keyword form of :func:`hideseek.sharpness`: the measure ``measure`` names
+        (a name, an alias or a :class:`Measure`), with every keyword that is not ``None``
+        replacing its field (``norm`` → ``ball``, ``christoffel`` → ``step``)."""
+        m = cls.parse(measure)
+        changes: dict[str, Any] = {k: v for k, v in dict(metric=metric, p=p, kind=kind, ball=norm, eps=eps).items()
+                                   if v is not None}
+        if christoffel is not None:
+            if christoffel not in _STEP_OF_CHRISTOFFEL:
+                raise ValueError(f"christoffel must be True, False or 'exact', got {christoffel!r}")
+            changes["step"] = _STEP_OF_CHRISTOFFEL[christoffel]
+        return m.replace(**changes) if changes else m
+
+    @classmethod
+    def all(cls) -> list["Measure"]:
+        """Every valid measure with ε = 0."""
+        out = []
+        for kind in KINDS:
+            out += [cls(geometry="adaptive", p=p, kind=kind) for p in PS]
+            out += [cls(metric=metric, ball=ball, step=step, kind=kind)
+                    for metric in METRICS for ball, step in _ABLATIONS]
+        return out
+
+
+_TABLE: dict[str, Measure] = {}
+
+
+def _by_name() -> dict[str, Measure]:
+    if not _TABLE:
+        _TABLE.update({m.name: m for m in Measure.all()})
+        _TABLE["adaptive"] = Measure(geometry="adaptive")
+        _TABLE["geodesic"] = Measure()
+    return _TABLE
