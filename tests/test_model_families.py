@@ -170,6 +170,13 @@ def bigcode_mqa_layout(m):
     return out
 
 
+def packed_gqa_layout(lin, o, heads, kv, d):
+    """``[Q; K; V]`` packed, ``heads`` query and ``kv`` key/value heads of width d."""
+    W, b = lin.weight, lin.bias
+    return Att(packed_blocks(W, b, 0, d), packed_blocks(W, b, heads * d, d),
+               packed_blocks(W, b, (heads + kv) * d, d), o.weight, heads, kv, d, d)
+
+
 def per_head_layout(path, heads):
     def layout(m):
         out = []
@@ -359,6 +366,10 @@ FAMILIES = [
            lambda m: [qkvo_layout(b.attn, 4, 4, 8, b.attn.out_proj) for b in m.transformer.h], lm_batch, 2,
            [("qk", 4, 8, 1), ("vo", 4, 8, 1)], rotary=0.5, loss=token_loss, pairing="adjacent",
            tol=1e-7),   # GPT-J computes q·k in float32 whatever the model's dtype
+    Family("phi3_packed_gqa",
+           _hf(tr.Phi3ForCausalLM, lambda: tr.Phi3Config(**COMMON, num_key_value_heads=2, pad_token_id=0)),
+           lambda m: [packed_gqa_layout(l.self_attn.qkv_proj, l.self_attn.o_proj, 4, 2, 8) for l in m.model.layers],
+           lm_batch, 2, [("qk", 2, 8, 2), ("vo", 2, 8, 2)], rotary=1.0, loss=token_loss),
     Family("gpt2", _hf(tr.GPT2LMHeadModel, lambda: tr.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2,
                                                                  n_head=4, n_positions=32)),
            gpt2_layout, lm_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),

@@ -109,17 +109,21 @@ def test_no_attention_and_unknown_attention_errors():
     assert find_symmetries(mlp) == []
 
     class MyAttention(nn.Module):
-        def __init__(self):
+        def __init__(self, packed="proj_in"):
             super().__init__()
-            self.qkv = nn.Linear(8, 24)
+            setattr(self, packed, nn.Linear(8, 24))
 
         def forward(self, x):
-            return self.qkv(x)
+            return x
 
     model = nn.Sequential(MyAttention())
-    with pytest.raises(hs.UnsupportedAttentionError, match="no hideseek adapter"):
+    with pytest.raises(hs.UnsupportedAttentionError, match="0: MyAttention looks like attention but no "
+                       "hideseek adapter recognises its projections; declare it"):
         find_symmetries(model)
     assert find_symmetries(model, on_unsupported="adaptive") == []
+    with pytest.raises(hs.UnsupportedAttentionError, match="0: MyAttention packs qkv in a layout "
+                       "hideseek does not know"):
+        find_symmetries(nn.Sequential(MyAttention("qkv")))
 
 
 def test_rotary_embeddings_are_refused():

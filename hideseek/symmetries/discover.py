@@ -12,8 +12,9 @@ a group).  Supported (``docs/model_support.md`` has the full table):
   v_lin`` (DistilBERT), ``q/k/v/o`` (T5: its relative position bias keeps GL),
   ``query_proj/key_proj/value_proj`` (DeBERTa-v2, with its position projections stacked), and
   an output ``o_proj/out_proj/out_lin/dense/o`` or a sibling ``output.dense``;
-* packed ``c_attn`` + ``c_proj`` (GPT-2, Conv1D weights stored (in, out)) and per-head packed
-  ``query_key_value`` + ``dense`` (GPT-NeoX, BLOOM: ALiBi is a score bias and keeps GL);
+* packed ``c_attn`` + ``c_proj`` (GPT-2, Conv1D weights stored (in, out); GPT-BigCode), per-head
+  packed ``query_key_value`` + ``dense`` (GPT-NeoX, BLOOM: ALiBi is a score bias and keeps GL)
+  and Phi-3's ``qkv_proj``;
 * grouped-query and multi-query attention (``num_key_value_heads``);
 * rotary position embeddings (Llama, Mistral, Qwen2, GPT-NeoX, Phi, incl. partial rotary):
   their query/key pairs carry the rotary subgroup (:class:`PairGroup`, ``rotary``), read from
@@ -278,24 +279,36 @@ def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | Non
     return spec.bind(info.params)
 
 
-_PER_HEAD_PACKED = ("GPTNeoXAttention", "BloomAttention")
+#: packed attention classes: class name -> (packed projection, output projection, layout)
+_PACKED = {"GPTNeoXAttention": ("query_key_value", "dense", "per_head"),
+           "BloomAttention": ("query_key_value", "dense", "per_head"),
+           "Phi3Attention": ("qkv_proj", "o_proj", "blocks")}
+_PACKED_NAMES = ("query_key_value", "qkv_proj", "Wqkv", "qkv")
 
 
-def _per_head_packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
-    """``query_key_value`` packed per head as ``[q k v]`` + ``dense`` (GPT-NeoX, BLOOM)."""
-    if not (_linear(getattr(mod, "query_key_value", None)) and _linear(getattr(mod, "dense", None))):
+def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
+    """One packed ``query_key_value``/``qkv_proj`` projection of a known class: per head
+    ``[q k v]`` (GPT-NeoX, BLOOM) or ``[Q; K; V]`` with grouped keys/values (Phi-3)."""
+    packed = [c for c in _PACKED_NAMES if _linear(getattr(mod, c, None))]
+    if not packed:
         return None
-    if type(mod).__name__ not in _PER_HEAD_PACKED:
+    cls = type(mod).__name__
+    if cls not in _PACKED:
+        if not _ATTN_LIKE.search(cls):
+            return None
         raise UnsupportedAttentionError(
-            f"{name}: {type(mod).__name__} packs query_key_value in a layout hideseek does not know "
-            "(it knows GPT-NeoX's and BLOOM's); declare it with hideseek.declare_attention(..., "
-            "qkv='query_key_value', layout='blocks' or 'per_head', ...)")
+            f"{name}: {cls} packs {packed[0]} in a layout hideseek does not know (it knows "
+            f"{', '.join(sorted(_PACKED))}); declare it with hideseek.declare_attention(..., "
+            f"qkv={packed[0]!r}, layout='blocks' or 'per_head', kv_heads=..., ...)")
+    qkv, out, layout = _PACKED[cls]
     heads = _num_heads(mod, info.model)
     if heads is None:
         raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
-    dk = mod.query_key_value.out_features // (3 * heads)
+    kv_heads = _num_kv_heads(mod, info.model, heads) if layout == "blocks" else heads
+    dk = getattr(mod, qkv).out_features // (heads + 2 * kv_heads)
+    _check_qk_norm(name, mod)
     r, pairing = _rotary(name, mod, info, dk)
-    return AttentionSpec(name, heads, o="dense", qkv="query_key_value", layout="per_head",
+    return AttentionSpec(name, heads, o=out, qkv=qkv, kv_heads=kv_heads, layout=layout,
                          rotary_dims=r, rotary_pairing=pairing).bind(info.params)
 
 
@@ -388,7 +401,7 @@ def _block_for(name: str, mod: nn.Module, info: _Model) -> SymmetryBlock | None:
         return _openclip_block(name, mod).bind(info.params)
     if _class_in(mod, "timm.layers.attention", "Attention"):
         return _timm_block(name, mod, info)
-    for adapter in (_gpt2_block, _per_head_packed_block, _hf_block):
+    for adapter in (_gpt2_block, _packed_block, _hf_block):
         blk = adapter(name, mod, info)
         if blk is not None:
             return blk
