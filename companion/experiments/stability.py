@@ -1,0 +1,189 @@
+"""How much of the language zoo's Kendall tau is the zoo's draw: tau over independently seeded zoos.
+
+The language row of Table 1 rests on one zoo: one pre-training seed and one block of
+fine-tuning seeds.  This module trains ``n_zoos`` zoos that differ only in those seeds
+(same corpus, same recipe; zoo ``j`` uses pre-training seed ``pretrain_seed + j`` and
+fine-tuning seeds ``base_seed + j·stride + i``) and reports, for each zoo and each measure,
+Kendall tau between the measure and the generalisation gap over all members of that zoo,
+at a radius fixed in advance (no per-zoo selection), for the in-distribution gap (dev −
+train, the paper's) and the HANS-like gap (test − train).  The spread of tau across zoos
+is the part of a single zoo's tau that is the draw.
+
+Command line (a DVC stage of its own, ``language_stability``)::
+
+    python -m companion.experiments.stability --out data/zoos/language_stability \\
+        --report reports/data/language/stability.csv --profile cpu
+
+reads ``params.yaml`` section ``language_stability`` (sub-dict of the profile): ``zoo``
+(a ``language_train`` profile dict, the recipe; its ``finetune.n_models`` is the zoo size),
+``n_zoos``, ``seed_stride``, ``n_points``, ``batch_size``, ``data_seed``, ``n_iters``,
+``seed``, ``rho`` (one radius per measure of
+:data:`companion.experiments.zoo.STANDARD_MEASURES`), ``relative_flatness`` (bool),
+``n_boot``, ``threads``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from companion.experiments import language_zoo as lz
+
+GAPS = {"gap_in_distribution": ("dev_error", "train_error"), "gap_hans": ("test_error", "train_error")}
+
+
+def zoo_spec(base: Mapping[str, Any], j: int, stride: int) -> "lz.ZooSpec":
+    """The recipe ``base`` with zoo ``j``'s seeds: pre-training ``seed + j``, fine-tuning
+    ``base_seed + j·stride`` (``stride`` ≥ the zoo size, so no two zoos share a seed)."""
+    d = json.loads(json.dumps(dict(base)))
+    d.pop("threads", None)
+    pre, ft = d.setdefault("pretrain", {}), d.setdefault("finetune", {})
+    n_models = int(ft.get("n_models", lz.FinetuneSpec.n_models))
+    if stride < n_models:
+        raise ValueError(f"seed_stride={stride} is smaller than the zoo size {n_models}: zoos would share seeds")
+    pre["seed"] = int(pre.get("seed", lz.PretrainSpec.seed)) + j
+    ft["base_seed"] = int(ft.get("base_seed", lz.FinetuneSpec.base_seed)) + j * stride
+    return lz.ZooSpec.from_dict(d)
+
+
+def member_gaps(zoo: Mapping[str, Any]):
+    """One row per member: its errors and both gaps, computed here from the recorded errors."""
+    import pandas as pd
+
+    rows = []
+    for m in zoo["models"]:
+        row = {"model": m["name"], "seed": m["seed"], **{k: m[k] for k in ("train_error", "dev_error", "test_error")}}
+        for g, (a, b) in GAPS.items():
+            row[g] = m[a] - m[b]
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("model")
+
+
+def measure_one_zoo(zoo_dir: str | Path, p: Mapping[str, Any], *, progress: bool = False):
+    """Values of every measure on every member of one zoo: a frame ``model, measure, rho, value``."""
+    import pandas as pd
+
+    from companion.experiments.zoo import STANDARD_MEASURES, measure_zoo
+
+    rho = dict(p["rho"])
+    unknown = set(rho) - set(STANDARD_MEASURES)
+    if unknown:
+        raise ValueError(f"unknown measures {sorted(unknown)} in rho; known: {sorted(STANDARD_MEASURES)}")
+    batches = lz.sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)))
+    loaders = lz.model_loaders(zoo_dir)
+    frame = measure_zoo(loaders, batches, {k: STANDARD_MEASURES[k] for k in rho},
+                        {k: [float(v)] for k, v in rho.items()}, seed=int(p.get("seed", 0)),
+                        n_iters=int(p["n_iters"]), progress=progress, common={"progress": False})
+    frame = frame[["model", "measure", "rho", "value"]]
+    if p.get("relative_flatness", True):
+        from hideseek.relative_flatness import relative_flatness
+
+        rows = [dict(model=name, measure="relative_flatness", rho=float("nan"),
+                     value=relative_flatness(load(), batches, layer="classifier.weight").value)
+                for name, load in loaders]
+        frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+    return frame
+
+
+def zoo_taus(frame, gaps, *, n_boot: int = 1000, seed: int = 0):
+    """Kendall tau of each measure against each gap over all members of one zoo."""
+    import pandas as pd
+
+    from companion.experiments.correlation import kendall_tau
+
+    rows = []
+    for measure, sub in frame.groupby("measure", sort=False):
+        vals = sub.set_index("model")["value"]
+        for g in GAPS:
+            y = gaps.loc[vals.index, g].to_numpy()
+            t = kendall_tau(vals.to_numpy(), y, n_boot=n_boot, seed=seed)
+            rows.append(dict(measure=measure, rho=float(sub["rho"].iloc[0]), gap=g, tau=t.tau,
+                             ci_low=t.ci_low, ci_high=t.ci_high, pvalue=t.pvalue, n=t.n))
+    return pd.DataFrame(rows)
+
+
+def run_stability(params: Mapping[str, Any], out_dir: str | Path, *, progress: bool = True,
+                  train: bool = True):
+    """Train (unless ``train=False`` and the zoos exist) and measure ``n_zoos`` zoos.
+
+    Returns ``(taus, members, summary)``: tau per (zoo, measure, gap); every member's errors
+    and gaps; and per (measure, gap) the mean, standard deviation, min and max of tau over
+    zoos (the spread a reader should hold a single zoo's tau against).
+    """
+    import pandas as pd
+
+    from hideseek.utils import set_threads
+
+    p = dict(params)
+    missing = [k for k in ("zoo", "n_zoos", "n_points", "batch_size", "n_iters", "rho") if k not in p]
+    if missing:
+        raise KeyError(f"language_stability parameters lack {missing}")
+    n_zoos = int(p["n_zoos"])
+    if n_zoos < 2:
+        raise ValueError(f"n_zoos must be >= 2 to show a spread, got {n_zoos}")
+    if p.get("threads") is not None:
+        set_threads(int(p["threads"]))
+    n_models = int(p["zoo"].get("finetune", {}).get("n_models", lz.FinetuneSpec.n_models))
+    stride = int(p.get("seed_stride") or max(1000, n_models))
+    out = Path(out_dir)
+    all_taus, all_members, seconds = [], [], {}
+    for j in range(n_zoos):
+        zdir = out / f"zoo_{j}"
+        spec = zoo_spec(p["zoo"], j, stride)
+        t0 = time.perf_counter()
+        if train or not (zdir / "zoo.json").is_file():
+            zoo = lz.train_zoo(spec, zdir, progress=progress)
+        else:
+            zoo = lz.load_zoo(zdir)
+            if zoo["spec"] != json.loads(json.dumps(spec.to_dict())):
+                raise ValueError(f"{zdir} holds a zoo of another recipe or seeds; train it again")
+        t1 = time.perf_counter()
+        gaps = member_gaps(zoo)
+        frame = measure_one_zoo(zdir, p, progress=progress)
+        taus = zoo_taus(frame, gaps, n_boot=int(p.get("n_boot", 1000)), seed=int(p.get("seed", 0)))
+        seconds[f"zoo_{j}"] = {"train": t1 - t0, "measure": time.perf_counter() - t1}
+        all_taus.append(taus.assign(zoo=j, pretrain_seed=spec.pretrain.seed,
+                                    base_seed=spec.finetune.base_seed))
+        all_members.append(gaps.reset_index().assign(zoo=j))
+    taus = pd.concat(all_taus, ignore_index=True)
+    members = pd.concat(all_members, ignore_index=True)
+    summary = (taus.groupby(["measure", "gap"], sort=False)["tau"]
+               .agg(["mean", "std", "min", "max", "count", "size"]).reset_index()
+               .rename(columns={"count": "n_defined", "size": "n_zoos"}))   # tau undefined for a constant gap
+    return taus, members, summary, seconds
+
+
+def _read_params(params_file: str | Path, profile: str | None) -> tuple[str, dict]:
+    return lz.read_params(params_file, profile, section="language_stability")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m companion.experiments.stability",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="data/zoos/language_stability")
+    ap.add_argument("--report", default="reports/data/language/stability.csv")
+    ap.add_argument("--metrics", default="reports/metrics/language_stability.json")
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--no-train", action="store_true", help="reuse zoos already in --out")
+    args = ap.parse_args(argv)
+    profile, p = _read_params(args.params, args.profile)
+    taus, members, summary, seconds = run_stability(p, args.out, train=not args.no_train)
+    report = Path(args.report)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    taus.to_csv(report, index=False)
+    members.to_csv(report.with_name(report.stem + "_members.csv"), index=False)
+    metrics = {"profile": profile, "params": p, "seconds": seconds,
+               "summary": summary.to_dict("records")}
+    Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.metrics).write_text(json.dumps(metrics, indent=1, default=float))
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
