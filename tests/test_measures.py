@@ -5,12 +5,9 @@ import json
 import warnings
 
 import pytest
-import torch
-
 import hideseek as hs
 from hideseek.measures import BALLS, GEOMETRIES, KINDS, METRICS, PS, STEPS, Measure
 
-from models import MHAClassifier
 
 #: the names results have always carried (written out, not derived from the code)
 KNOWN = {
@@ -133,19 +130,11 @@ def test_keyword_form():
         kf("geodesic", christoffel="yes")
 
 
-def _batches(n=2):
-    out = []
-    for s in range(n):
-        g = torch.Generator().manual_seed(s)
-        out.append((torch.randn(5, 4, 12, generator=g, dtype=torch.float64), torch.randint(0, 3, (5,), generator=g)))
-    return out
-
-
 @pytest.mark.parametrize("m", [Measure(), Measure(metric="mixed", step="straight", eps=0.01),
                                Measure(metric="mixed", ball="adaptive"), Measure(geometry="adaptive", p="linf"),
                                Measure(geometry="adaptive", kind="average")], ids=lambda m: m.label)
-def test_sharpness_takes_a_measure_and_the_keyword_form_agrees(m):
-    model, b = MHAClassifier(), _batches()
+def test_sharpness_takes_a_measure_and_the_keyword_form_agrees(m, mha_model, mha_data):
+    model, b = mha_model, mha_data
     kw = dict(measure=m.geometry, p=m.p, kind=m.kind, norm=m.ball, christoffel=m.christoffel, eps=m.eps)
     if m.metric:
         kw["metric"] = m.metric
@@ -160,6 +149,6 @@ def test_sharpness_takes_a_measure_and_the_keyword_form_agrees(m):
     assert a.per_batch == by_name.per_batch == c.per_batch
 
 
-def test_adaptive_with_a_metric_is_an_error_not_ignored():
+def test_adaptive_with_a_metric_is_an_error_not_ignored(mha_model, mha_data):
     with pytest.raises(ValueError, match="no metric"):
-        hs.sharpness(MHAClassifier(), _batches(1), measure="adaptive", metric="mixed", rho=0.1, progress=False)
+        hs.sharpness(mha_model, mha_data, measure="adaptive", metric="mixed", rho=0.1, progress=False)

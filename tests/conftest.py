@@ -1,0 +1,45 @@
+"""Shared tiny-model fixtures (float64, random weights, eval mode; seeded).
+
+The models themselves live in ``tests/models.py`` (importable as ``models`` from any test);
+these fixtures give the common model + batches combinations so tests need not rebuild
+them.  Models are function-scoped (a test may move or perturb its copy)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import MHAClassifier, bert_batch, tiny_bert
+
+
+def mha_batches(n: int = 2, size: int = 5, seq: int = 4, dim: int = 12, seed: int = 0):
+    """``n`` batches ``(x, y)`` for :class:`models.MHAClassifier` (float64 inputs, 3 classes)."""
+    out = []
+    for s in range(n):
+        g = torch.Generator().manual_seed(seed + s)
+        out.append((torch.randn(size, seq, dim, generator=g, dtype=torch.float64),
+                    torch.randint(0, 3, (size,), generator=g)))
+    return out
+
+
+@pytest.fixture
+def mha_model():
+    """``nn.MultiheadAttention`` classifier: 12 wide, 3 heads (packed in-projection)."""
+    return MHAClassifier()
+
+
+@pytest.fixture
+def mha_data():
+    """Two batches for :func:`mha_model`."""
+    return mha_batches()
+
+
+@pytest.fixture
+def bert_model():
+    """Two-layer HF BERT, hidden 16, 4 heads, float64."""
+    return tiny_bert()
+
+
+@pytest.fixture
+def bert_data():
+    """Two batches for :func:`bert_model` (with a padded sequence)."""
+    return [bert_batch(seed=s) for s in range(2)]
