@@ -52,6 +52,7 @@ import torch
 from tqdm.auto import tqdm
 
 from companion.experiments import nli_corpus as nc
+from hideseek.measures import Measure
 from hideseek.utils import resolve_device
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -595,11 +596,9 @@ PAPER_PROTOCOL: dict[str, Any] = {
 #: Appendix G ablations, per metric: no-Christoffel (Riemannian norm, straight step)
 #: and Christoffel-only (adaptive norm, second-order geodesic step).
 ABLATION_MEASURES: dict[str, dict[str, Any]] = {
-    f"geodesic_{metric}_{abl}": dict(measure="geodesic", metric=metric, **kw)
-    for metric in ("invariant", "mixed")
-    for abl, kw in (("no_christoffel", dict(norm="riemannian", christoffel=False)),
-                    ("christoffel_only", dict(norm="adaptive", christoffel=True)))
-}
+    m.name: m.to_keywords() for m in (Measure(metric=metric, **kw) for metric in ("invariant", "mixed")
+                                      for kw in (dict(step="straight"), dict(ball="adaptive")))
+}   # geodesic_{metric}_no_christoffel, geodesic_{metric}_christoffel_only (Measure names)
 
 
 @dataclass
@@ -703,7 +702,7 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
                 if e == eps:
                     continue  # measured above
                 name = f"geodesic_{metric}@eps={e:g}"
-                ms[name] = dict(measure="geodesic", metric=metric, eps=e)
+                ms[name] = Measure(metric=metric, eps=e).to_keywords()
                 grid[name] = [chosen[f"geodesic_{metric}"]]
         t0 = time.perf_counter()
         ef = measure_zoo(loaders, batches, ms, grid, seed=seed, n_iters=n_iters,
