@@ -220,3 +220,67 @@ def test_encode_rejects_unknown_words_and_long_pairs(tokenizer):
 def test_make_tokenizer_needs_vocab_txt(tmp_path):
     with pytest.raises(FileNotFoundError):
         nc.make_tokenizer(tmp_path / "vocab.txt")
+
+
+# --- the in-distribution dev split (the gap the paper uses) and reproducibility
+
+
+def _expected_template_probs(weights, hard_rate):
+    """Template probabilities of the training distribution, from the weights by hand: labels
+    1/3 each; entailment by weight; within neutral/contradiction, the hard templates share
+    ``hard_rate`` and the others ``1 - hard_rate``, each in proportion to its weight."""
+    probs = {}
+    for label in nc.LABELS:
+        ts = [t for t in nc.TEMPLATES if t.label == label and weights.get(t.name, 0) > 0]
+        groups = [ts] if label == "entailment" else [[t for t in ts if not t.hard], [t for t in ts if t.hard]]
+        shares = [1.0] if label == "entailment" else [1 - hard_rate, hard_rate]
+        for group, share in zip(groups, shares):
+            total = sum(weights[t.name] for t in group)
+            for t in group:
+                probs[t.name] = share * weights[t.name] / total / 3
+    return probs
+
+
+def test_dev_split_has_the_training_distribution():
+    from scipy import stats
+
+    spec = nc.CorpusSpec(seed=5, n_train=1500, n_dev=1500, n_test=0, hard_rate=0.1)
+    c = nc.make_corpus(spec)
+    probs = _expected_template_probs(nc.TRAIN_WEIGHTS, spec.hard_rate)
+    assert sum(probs.values()) == pytest.approx(1.0)
+    # hard templates pooled per label, so every expected count is >= 5
+    def cat(name):
+        t = nc.TEMPLATE[name]
+        return f"hard-{t.label}" if t.hard else name
+    exp = collections.Counter()
+    for name, p in probs.items():
+        exp[cat(name)] += p
+    keys = sorted(exp)
+    for split in ("train", "dev"):
+        obs = collections.Counter(cat(e.template) for e in c[split])
+        f_obs = [obs[k] for k in keys]
+        f_exp = [exp[k] * len(c[split]) for k in keys]
+        assert min(f_exp) >= 5
+        assert stats.chisquare(f_obs, f_exp).pvalue > 1e-3, split
+    # and dev is not the HANS-like distribution: few full-overlap non-entailments
+    hard = sum(nc.TEMPLATE[e.template].hard for e in c["dev"]) / len(c["dev"])
+    assert hard == pytest.approx(2 / 3 * spec.hard_rate, abs=0.03)
+
+
+def test_corpus_does_not_depend_on_the_hash_seed():
+    """Set and dict iteration order is the usual hidden source of irreproducibility:
+    the corpus built in two processes with different PYTHONHASHSEED is byte-identical."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hashlib, json; from companion.experiments import nli_corpus as nc; "
+            "c = nc.make_corpus(nc.CorpusSpec(seed=2, n_train=300, n_dev=60, n_test=90)); "
+            "print(hashlib.sha256(json.dumps({k: [e.to_json() for e in v] for k, v in c.items()}, "
+            "default=str).encode()).hexdigest())")
+    digests = set()
+    for hs in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hs}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1 and len(digests.pop()) == 64
