@@ -154,3 +154,49 @@ def stage_params(
     if not isinstance(overrides, Mapping):
         overrides = parse_overrides(overrides)
     return profile, apply_overrides(resolved, overrides)
+
+
+def resolve_all(path: str | os.PathLike | None = None) -> dict:
+    """Every stage's parameters under every profile it names: ``{"profile", "stages": {stage: {profile: …}}}``.
+
+    The resolved form ``tests/fixtures/params_resolved.json`` records, so that a
+    change of what a stage actually receives shows up in review.
+    """
+    all_params = load_params(path if path is not None else PARAMS_FILE)
+    stages: dict[str, dict] = {}
+    for stage, section in all_params.items():
+        if stage == "profile":
+            continue
+        for profile in (p for p in PROFILES if isinstance(section, Mapping) and p in section):
+            stages.setdefault(stage, {})[profile] = resolve(all_params, stage, profile)[1]
+    return {"profile": default_profile(all_params), "stages": stages}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m companion.params",
+                                 description="Print a stage's resolved parameters (defaults + profile + overrides).")
+    ap.add_argument("stage", nargs="?", help="stage name; omitted: every stage and profile, as JSON")
+    ap.add_argument("--profile", choices=PROFILES, default=None)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--params", default=str(PARAMS_FILE))
+    args = ap.parse_args(argv)
+    try:
+        if args.stage is None:
+            out = resolve_all(args.params)
+        else:
+            if args.stage not in load_params(args.params):
+                raise ParamsError(f"{args.params} has no stage section {args.stage!r}")
+            profile, resolved = stage_params(args.stage, args.profile, args.overrides, path=args.params)
+            out = {"stage": args.stage, "profile": profile, "params": resolved}
+    except ParamsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

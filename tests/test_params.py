@@ -22,7 +22,9 @@ def test_split_params_yaml_resolves_exactly_as_before():
         for profile in PROFILES:
             got = stage_params(stage, profile, params=now)[1]
             # json round trip: the fixture is JSON; yaml floats such as 1.0e-5 compare equal
-            assert json.loads(json.dumps(got)) == by_profile[profile], (stage, profile)
+            assert json.loads(json.dumps(got)) == by_profile[profile], (
+                f"params.yaml {stage}.{profile} no longer resolves to the recorded parameters; if the change "
+                f"is intended, record it: python -m companion.params > {FIXTURE.relative_to(ROOT)}")
 
 
 def test_every_profile_section_is_named_and_states_only_differences():
@@ -66,3 +68,15 @@ def test_merge_overrides_and_errors(tmp_path):
     with pytest.raises(ParamsError, match="does not exist"):
         stage_params("s", path=tmp_path / "missing.yaml")
     assert isinstance(ParamsError("x"), KeyError) and str(ParamsError("no 'q'")) == "no 'q'"
+
+
+def test_resolve_all_and_cli(tmp_path, capsys):
+    from companion.params import main, resolve_all
+
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"profile": "cpu", "s": {"defaults": {"a": 1}, "cpu": {}, "gpu": {"a": 2}}}))
+    assert resolve_all(f) == {"profile": "cpu", "stages": {"s": {"cpu": {"a": 1}, "gpu": {"a": 2}}}}
+    assert main(["s", "--profile", "gpu", "--set", "b=[1]", "--params", str(f)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"stage": "s", "profile": "gpu", "params": {"a": 2, "b": [1]}}
+    assert main(["nosuch", "--params", str(f)]) == 1
+    assert "no stage section 'nosuch'" in capsys.readouterr().err
