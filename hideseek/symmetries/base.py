@@ -23,10 +23,11 @@ class PairGroup:
     """One kind of pair inside a block: ``count`` pairs of shapes ``(n, h)`` and ``(m, h)``.
 
     The group acting on each pair is GL(h), ``(G, H) ↦ (G A, H A⁻ᵀ)``, unless ``rotary`` is
-    non-empty: then only the subgroup that commutes with rotary position embeddings acts
-    (``docs/maths.md``, grouped-query and rotary attention): one 2×2 block ``a I + c J`` per
+    non-empty: then only the subgroup that commutes with rotary position embeddings acts:
+    one 2×2 block ``a I + c J`` per
     column pair ``(i, j)`` in ``rotary`` (the columns a rotary embedding rotates together),
-    full GL on the columns in ``rotary_free``, zero elsewhere — GL(1, ℂ)^{r/2} × GL(h − r).
+    full GL on the columns in ``rotary_free``, zero elsewhere — GL(1, ℂ)^{r/2} × GL(h − r)
+    (``docs/maths.md`` §12).
     """
 
     kind: str          # "qk", "vo", or a user label
@@ -213,7 +214,7 @@ class _Pieces:
 
 @dataclass(repr=False, eq=False)
 class AttentionBlock(SymmetryBlock):
-    """Multi-head attention as GL pairs (``docs/maths.md`` §1 and grouped-query attention).
+    """Multi-head attention as GL pairs (``docs/maths.md`` §1.2 and §12).
 
     Per key/value head ``g`` with the ``k = heads / kv_heads`` query heads ``j`` of its group:
 
@@ -222,7 +223,9 @@ class AttentionBlock(SymmetryBlock):
     * value/output: ``G = [W_V⁽ᵍ⁾; b_V⁽ᵍ⁾ᵀ]``, ``H = [W_O⁽ʲ¹⁾ᵀ; …; W_O⁽ʲᵏ⁾ᵀ]``.
 
     The function uses only ``G Hᵀ`` per pair, so ``(G A, H A⁻ᵀ)`` leaves it unchanged; plain
-    multi-head attention is ``kv_heads = heads``.  ``rotary`` / ``rotary_free`` restrict the
+    multi-head attention is ``kv_heads = heads``.  (§12 writes the query/key pair the other
+    way round, ``(W_K, [W_Q…])``: the same group with ``A ↦ A⁻ᵀ``; queries stay in ``G`` here
+    as in §1.2, so that ``k = 1`` is exactly multi-head attention.)  ``rotary`` / ``rotary_free`` restrict the
     query/key group to the rotary subgroup (see :class:`PairGroup`).  ``q_extra`` / ``k_extra``:
     further projections whose outputs meet the keys / queries in scores (DeBERTa-v2's
     position projections ``pos_query_proj`` / ``pos_key_proj``).  The output bias is in no pair.

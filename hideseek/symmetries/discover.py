@@ -1,8 +1,8 @@
 """Finding the GL symmetries of attention in a model.
 
 Every attention module found gives, per key/value head, one query/key pair and one
-value/output pair (``docs/maths.md`` §1; grouped-query attention stacks the query heads of
-a group).  Supported (``docs/model_support.md`` has the full table):
+value/output pair (``docs/maths.md`` §1.2; grouped-query attention stacks the query heads of
+a group, §12).  Supported (``docs/model_support.md`` has the full table):
 
 * ``torch.nn.MultiheadAttention`` (packed or separate q/k/v), which covers open_clip's
   default ``ResidualAttentionBlock``; open_clip's own ``Attention``; timm's ViT ``Attention``
@@ -16,7 +16,8 @@ a group).  Supported (``docs/model_support.md`` has the full table):
   packed ``query_key_value`` + ``dense`` (GPT-NeoX, BLOOM: ALiBi is a score bias and keeps GL)
   and Phi-3's ``qkv_proj``;
 * grouped-query and multi-query attention (``num_key_value_heads``);
-* rotary position embeddings (Llama, Mistral, Qwen2, GPT-NeoX, Phi, incl. partial rotary):
+* rotary position embeddings (Llama, Mistral, Qwen2, GPT-NeoX, Phi, Phi-3, GPT-J, incl.
+  partial rotary; ``docs/maths.md`` §12):
   their query/key pairs carry the rotary subgroup (:class:`PairGroup`, ``rotary``), read from
   the model's rotary module and its ``rotate_half``, value/output pairs keep full GL;
 * anything declared by hand with :func:`~hideseek.symmetries.declare_attention`.
@@ -137,7 +138,7 @@ def _rotary_pairs(name: str, mod: nn.Module, r: int):
         raise UnsupportedAttentionError(
             f"{name}: rotary position embeddings (RoPE) are applied, but {type(mod).__module__} "
             f"has no {' / '.join(_ROTATE_FNS)} to read which columns they pair; declare the block "
-            "with hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
+            "with hideseek.symmetries.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
     eye = torch.eye(r, dtype=torch.float64)
     try:
         P = fn(eye.reshape(1, 1, r, r))[0, 0]
@@ -149,7 +150,7 @@ def _rotary_pairs(name: str, mod: nn.Module, r: int):
         raise UnsupportedAttentionError(
             f"{name}: rotary position embeddings (RoPE) whose {fn_name} is not a pairwise 90° "
             "rotation of columns; hideseek cannot read its symmetry group; declare the block with "
-            "hideseek.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
+            "hideseek.symmetries.declare_attention(..., rotary_dims=..., rotary_pairing=...)")
     partner = P.abs().argmax(1).tolist()
     return tuple((i, partner[i]) for i in range(r) if i < partner[i])
 
@@ -164,7 +165,7 @@ def _rotary(name: str, mod: nn.Module, info: _Model, dk: int):
             raise UnsupportedAttentionError(
                 f"{name}: the model has rotary embeddings of different widths "
                 f"{sorted(info.rotary_sizes.items())}; hideseek cannot tell which this attention "
-                "uses; declare it with hideseek.declare_attention(..., rotary_dims=...)")
+                "uses; declare it with hideseek.symmetries.declare_attention(..., rotary_dims=...)")
         r = sizes.pop()
     if r is None:
         fn_name, _ = _rotate_fn(mod)
@@ -173,7 +174,7 @@ def _rotary(name: str, mod: nn.Module, info: _Model, dk: int):
             raise UnsupportedAttentionError(
                 f"{name}: {reason}: rotary position embeddings (RoPE) {_NO_GL}, and hideseek finds "
                 "no rotary width (a rotary module with inv_freq, or rotary_ndims/rotary_dim) to read "
-                "which dims they rotate; declare the block with hideseek.declare_attention(..., "
+                "which dims they rotate; declare the block with hideseek.symmetries.declare_attention(..., "
                 "rotary_dims=..., rotary_pairing=...)")
         return 0, "half"
     if r > dk:
@@ -259,7 +260,7 @@ def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | Non
     else:
         raise UnsupportedAttentionError(
             f"{name}: {cls} packs c_attn in a layout hideseek does not know (it knows GPT-2's and "
-            "GPT-BigCode's); declare it with hideseek.declare_attention(..., qkv='c_attn', o='c_proj', "
+            "GPT-BigCode's); declare it with hideseek.symmetries.declare_attention(..., qkv='c_attn', o='c_proj', "
             "layout=..., kv_heads=...)")
     heads = _num_heads(mod, info.model)
     if heads is None:
@@ -270,7 +271,7 @@ def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | Non
     if getattr(mod, "is_cross_attention", False):
         if layout == "per_head" or getattr(mod, "q_attn", None) is None:
             raise UnsupportedAttentionError(f"{name}: this cross-attention layout is not supported; "
-                                            "declare it with hideseek.declare_attention(...)")
+                                            "declare it with hideseek.symmetries.declare_attention(...)")
         spec = AttentionSpec(name, heads, o="c_proj", q="q_attn", kv="c_attn", kv_heads=kv_heads,
                              transposed=transposed)
     else:
@@ -298,7 +299,7 @@ def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | N
             return None
         raise UnsupportedAttentionError(
             f"{name}: {cls} packs {packed[0]} in a layout hideseek does not know (it knows "
-            f"{', '.join(sorted(_PACKED))}); declare it with hideseek.declare_attention(..., "
+            f"{', '.join(sorted(_PACKED))}); declare it with hideseek.symmetries.declare_attention(..., "
             f"qkv={packed[0]!r}, layout='blocks' or 'per_head', kv_heads=..., ...)")
     qkv, out, layout = _PACKED[cls]
     heads = _num_heads(mod, info.model)
@@ -449,7 +450,7 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
         if any(_inside(h, name) or _inside(name, h) for h in handled):
             continue
         problems.append(f"{name or '<the model>'}: {type(mod).__name__} looks like attention but no hideseek adapter "
-                        "recognises its projections; declare it with hideseek.declare_attention(...)")
+                        "recognises its projections; declare it with hideseek.symmetries.declare_attention(...)")
         handled.append(name)
     if problems and on_unsupported == "raise":
         raise UnsupportedAttentionError(
