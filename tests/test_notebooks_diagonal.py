@@ -10,10 +10,16 @@ from companion.pipeline import run_stage
 
 TINY = {
     "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant"},
-    "diagonal": {"n": 15, "d": 30, "kappa": 2, "seed": 0, "n_nets": 6, "alpha_range": [0.02, 1.5],
-                 "lr_factor_range": [0.5, 2.0], "batch_sizes": [5, 15], "stop_loss": 1e-4,
-                 "max_steps": 40000, "rho": 0.1, "rhos": [0.03, 0.1], "n_boot": 50, "engine": True,
-                 "engine_n_iters": 5, "engine_rhos": [0.1], "engine_exact_invariant": False},
+    "diagonal": {"n": 15, "d": 30, "kappa": 3, "seed": 0, "stop_loss": 1e-4, "max_steps": 40000,
+                 "rho": 0.1, "rhos": [0.03, 0.1], "n_iters": 10, "n_boot": 50, "convergence_factor": 2,
+                 "main": {"n_nets": 6, "alpha": 0.1,
+                          "methods": {"gd": {"batch_size": 15, "lr": {"constant": 1.0, "decay": 2.0}},
+                                      "sgd": {"batch_size": 1, "lr": {"constant": 0.25, "decay": 0.3}}},
+                          "lr_factor_range": [0.1, 1.0], "horizon": 1000},
+                 "alpha_sweep": {"n_nets": 4, "alpha": [0.01, 1.0],
+                                 "methods": {"gd": {"batch_size": 15, "lr": {"constant": 0.2}}},
+                                 "lr_factor_range": [1.0, 1.0], "schedules": ["constant"]},
+                 "orthogonal": {"d": 6, "rho": 1e-3}},
 }
 
 
@@ -30,6 +36,8 @@ def test_toy_notebook(reports):
     m = json.loads((reports / "metrics" / "toy.json").read_text())
     assert m["stage"] == "toy" and m["profile"] == "cpu"
     assert m["claims"]["a_level_sets_follow_loss"] is True
+    assert set(m["levels"]) == {"loss", "egrad_norm", "rgrad_norm", "ehess_trace", "rhess_trace"}
+    assert all(0.0 <= v <= 1.0 for lv in m["levels"].values() for v in lv)
     for name in ("fig1_toy_gradients", "fig6_toy_hessian"):
         for ext in ("png", "pdf"):
             assert (reports / "figures" / "toy" / f"{name}.{ext}").stat().st_size > 1000
@@ -40,11 +48,16 @@ def test_toy_notebook(reports):
 def test_diagonal_notebook_and_table1(reports, tmp_path):
     m = json.loads((reports / "metrics" / "diagonal.json").read_text())
     assert m["setting"]["n_nets"] == 6 and m["setting"]["n"] == 15
-    for src in ("tau_exact", "tau_engine"):
+    assert m["setting"]["n_converged"] + len(m["setting"]["not_converged"]) == 6
+    for src in ("tau_exact", "tau_second_order", "tau_straight"):
         assert set(m[src]) == {"adaptive", "geodesic_invariant", "geodesic_mixed"}
         for v in m[src].values():
-            assert -1 <= v["ci_low"] <= v["tau"] <= v["ci_high"] <= 1 or v["n"] < 3
-    for name in ("fig3_diagonal", "diagonal_tau_vs_rho", "diagonal_engine_vs_exact"):
+            assert -1 <= v["tau"] <= 1
+            assert -1 - 1e-12 <= v["ci_low"] <= v["ci_high"] <= 1 + 1e-12   # a percentile interval
+    assert m["table1"][0]["source"] == "exact"            # the main row comes first (DVC headline)
+    assert m["orthogonal_check"]["max_abs_rel_diff"] < 0.05
+    for name in ("fig3_diagonal", "diagonal_second_order", "diagonal_tau_by_step", "diagonal_tau_vs_rho",
+                 "diagonal_alpha_sweep"):
         assert (reports / "figures" / "diagonal" / f"{name}.png").is_file()
     assert (reports / "data" / "diagonal" / "networks.csv").is_file()
 
@@ -54,7 +67,7 @@ def test_diagonal_notebook_and_table1(reports, tmp_path):
     assert text.count(table1.NOT_COMPUTED) == 6                           # vision + language rows
     rows = list(csv.DictReader(csv_path.open()))
     ours = [r for r in rows if r["row"] == "diagonal" and r["source"] == "ours"]
-    assert len(ours) == 2 and all(r["profile"] == "cpu" for r in ours)
+    assert len(ours) == 3 and all(r["profile"] == "cpu" for r in ours)
     assert float(ours[0]["adaptive"]) == pytest.approx(m["tau_exact"]["adaptive"]["tau"])
     assert [r["row"] for r in rows if r["source"] == "paper"] == ["diagonal", "vision", "language"]
 

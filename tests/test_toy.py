@@ -56,10 +56,30 @@ def test_level_sets_and_claims():
     res = toy.run({"n_grid": 40, "lim": 2.0})
     c = res["checks"]
     # on the minimum set the Riemannian trace is 4 y^2 (from Hess = 4 x beta (2 x beta - y))
-    assert c["at_minimum"]["loss_max"] < 1e-20
-    assert c["at_minimum"]["rhess_trace_min"] == pytest.approx(4.0)
-    assert c["at_minimum"]["rhess_trace_max"] == pytest.approx(4.0)
+    assert c["at_minimum_raw"]["loss"][1] < 1e-20
+    assert c["at_minimum_raw"]["rhess_trace"] == pytest.approx([4.0, 4.0])
     assert c["horizontal_residual_max"] < 1e-12
+    assert res["claims"]["a_level_sets_follow_loss"]["holds"]
+    assert res["claims"]["d_riemannian_sign_separates_concave_region"]["holds"]
+
+
+def test_normalisation_and_levels_through_the_six_points():
+    """Closed forms by hand: L = (g h - 1)^2 and ||grad L||_R = 2 sqrt2 |g h - 1| |g h| (x = y = 1);
+    on [-2, 2]^2 both are 0 at (1, 1) and largest at the corners g h = -4 (grid includes +-2)."""
+    pts = [(0.5, 0.5), (1.0, 1.0), (1.6, 1.1), (-0.6, 1.2), (-1.2, -1.5), (1.4, -1.4)]
+    res = toy.run({"n_grid": 40, "lim": 2.0, "points": pts})
+    b = np.array([g * h for g, h in pts])
+    loss_n = (b - 1) ** 2 / 25.0
+    rgrad_n = np.abs(b - 1) * np.abs(b) / 20.0
+    np.testing.assert_allclose(res["levels"]["loss"], sorted(set(np.round(loss_n, 12))), atol=1e-12)
+    np.testing.assert_allclose(res["checks"]["points_normalised"]["rgrad_norm"], rgrad_n, atol=1e-12)
+    for k, z in res["normalised"].items():
+        assert z.min() >= -1e-15 and z.max() <= 1 + 1e-15, k
+    assert res["normalised"]["loss"].max() == pytest.approx(1.0)
+    # the field really takes each level value at its point: the contour passes through it
+    for k in toy.FIELDS:
+        for v in res["checks"]["points_normalised"][k]:
+            assert min(abs(v - lv) for lv in res["levels"][k]) < 1e-11
 
 
 def test_bad_input():
@@ -67,3 +87,9 @@ def test_bad_input():
         toy.toy_fields(np.array([0.0, 1.0]), np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match="even"):
         toy.run({"n_grid": 41})
+    with pytest.raises(ValueError, match="six"):
+        toy.run({"n_grid": 40, "points": [(1.0, 1.0)]})
+    with pytest.raises(ValueError, match="window"):
+        toy.run({"n_grid": 40, "points": [(3.0, 1.0)] * 6})
+    with pytest.raises(ValueError, match="constant"):
+        toy.normalise(np.ones(3), 1.0, 1.0)

@@ -1,53 +1,68 @@
-"""Diagonal linear networks: Figure 3 and Table 1, row 1 (docs/maths.md §8).
+"""Diagonal linear networks: Figure 3 and Table 1, row 1 (docs/maths.md, diagonal networks).
 
-Setting (Pesme et al. 2021; Andriushchenko et al. 2023): Gaussian design
-``X`` (n x d, n < d, entries N(0, 1)), a kappa-sparse ground truth ``beta*``
-(random support, entries +-1), noiseless labels ``y = X beta*``. A network is
-``f(x) = <u * v, x>`` with ``beta = u * v`` and training loss
-``L(beta) = (1/n) ||X beta - y||^2``. Networks start at ``u = alpha 1``,
-``v = 0`` (the initialisation scale ``alpha`` drives the implicit bias from
-minimum l2 norm, large alpha, to minimum l1 norm, small alpha) and are trained
-with (stochastic) gradient descent in float64 until the full training loss
-falls below ``stop_loss``.
+**Population** (the paper follows Andriushchenko et al. 2023; their public setting with
+d = 200 and 90 % sparsity): Gaussian design ``X`` (n x d, n < d), a kappa-sparse ground
+truth ``beta*`` (random support, entries ``+-1/sqrt(kappa)`` so that ``||beta*|| = 1``),
+noiseless labels ``y = X beta*``, training loss ``L(beta) = ||X beta - y||^2 / (2n)``.
+A network ``f(x) = <u * v, x>`` starts at ``u = alpha 1``, ``v = 0`` with one constant
+``alpha`` and is trained by (stochastic) gradient descent until ``L <= stop_loss``. The
+networks differ by the method (GD, ``B = n``, or SGD with batch size ``B``), the step size
+and the step-size schedule (constant, or divided by ``decay_factor`` after a fraction of a
+fixed horizon): large steps and SGD noise lead to sparser, better generalising solutions.
+A secondary population varies the initialisation scale ``alpha`` instead (GD, one step
+size); there ``alpha`` alone explains most of the test loss.
 
-Generalisation measure: the population test loss of the regression,
-``E_x (x^T beta - x^T beta*)^2 = ||beta - beta*||^2`` for ``x ~ N(0, I)``
-(exact, no test sample needed).
+Generalisation: the population test loss ``E_x (x^T (beta - beta*))^2 / 2 = ||beta -
+beta*||^2 / 2`` for ``x ~ N(0, I)`` (exact, no test sample).
 
-Sharpness, worst case, radius ``rho``, three measures, each computed two ways:
+**Sharpness** ``max_{xi in ball} L(gamma_xi(1)) - L(theta)``, solved by Auto-PGD
+(:func:`hideseek.solvers.apgd`) over the horizontal velocities ``xi = (u b, v b)``
+(coordinates ``b``) or, for adaptive sharpness, over relative perturbations ``(a, c)``:
 
-* ``adaptive``: ``max_{||(a, b)|| <= rho} L(beta (1 + a)(1 + b)) - L(beta)``,
-  i.e. elementwise adaptive l2 sharpness with ``c = |theta|`` written in the
-  relative perturbations ``a = du / u``, ``b = dv / v``;
-* ``geodesic_invariant`` (metric 5): exact geodesics ``beta exp(2 t z)`` with
-  ``||xi||^2 = 2 ||z||^2``, so ``max_{||z|| <= rho / sqrt 2} L(beta e^{2z}) - L(beta)``;
-* ``geodesic_mixed`` (metric 6): straight lines in beta with
-  ``||xi||^2 = ||dbeta||^2 / 2``, so the trust-region problem
-  ``max_{||dbeta|| <= sqrt 2 rho} L(beta + dbeta) - L(beta)``, solved exactly
-  by :func:`trust_region_max` (eigendecomposition + secular equation).
+============================  =====================================================  ==========================
+measure / step                point reached                                           ball
+============================  =====================================================  ==========================
+adaptive                      ``beta (1 + a)(1 + c)``                                 ``||(a, c)|| <= rho``
+invariant, exact              ``beta e^{2b}`` (:func:`~hideseek.geometry.gl.exact_geodesic_gl1`)  ``2||b||^2 <= rho^2``
+mixed, exact                  ``beta (1 + 2b)`` (:func:`~hideseek.geometry.gl.exact_geodesic_gl1_mixed`)  ``2 sum beta_i^2 b_i^2 <= rho^2`` **and** ``b_i >= -1/2``
+either metric, second order   ``theta + xi + Gamma-term / 2`` (library ``PairGeometry.step``)  the metric ball
+either metric, straight       ``beta (1 + b)^2``                                      the metric ball
+mixed, trust region           ``beta + dbeta``, exact maximum (:func:`trust_region_max`)  ``||dbeta|| <= sqrt2 rho`` (ignores incompleteness)
+============================  =====================================================  ==========================
 
-The first two are small smooth problems without closed form; they are solved
-by :func:`maximize_on_ball` (SLSQP from the exact maximiser of the
-second-order model and from random starts; every start is kept only if it
-improves). The second way is the library's generic engine
-(:func:`hideseek.sharpness` with ``pairs=[DiagonalPair("u", "v")]``), see
-:func:`engine_sharpness`.
+The mixed metric's geodesics are incomplete: the one with ``b_i < -1/2`` reaches
+``u_i = v_i = 0`` before ``t = 1`` and ends there. The geodesic ball is the image of
+the velocities whose geodesic exists up to ``t = 1``: the metric ball intersected with
+``b_i >= -1/2`` (equivalently: no ``beta_i`` changes sign). That set is convex, and
+:class:`DiagonalBall` projects onto it in the metric: the projection of ``z`` is
+``max(s z, l)`` elementwise for the largest ``s in (0, 1]`` that lands in the ball (the
+KKT conditions of the weighted projection; ``s`` by bisection). The closure point
+``b_i = -1/2`` itself is kept ``1e-12`` inside (``beta_i`` shrinks by ``1e-12``, not to
+0) so that gradients stay finite.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+import torch
 from scipy import optimize
 from tqdm.auto import tqdm
 
+from hideseek.geometry.gl import PairGeometry
+from hideseek.solvers.apgd import apgd
+
 MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
+STEPS = ("exact", "second_order", "straight")
 
 #: Paper, Table 1, row "Diagonal networks" (Kendall tau vs test loss).
 PAPER_TAU = {"adaptive": -0.68, "geodesic_invariant": -0.83, "geodesic_mixed": -0.86}
+
+#: Distance kept from the end of the mixed geodesics (b_i = -1/2), relative.
+TIP_MARGIN = 1e-12
 
 
 # =========================================================================== data
@@ -55,7 +70,7 @@ PAPER_TAU = {"adaptive": -0.68, "geodesic_invariant": -0.83, "geodesic_mixed": -
 
 @dataclass
 class Problem:
-    """A sparse regression problem; ``A = X^T X / n`` is the loss Hessian / 2."""
+    """A noiseless sparse regression problem; loss ``||X beta - y||^2 / (2n)``."""
 
     X: np.ndarray
     y: np.ndarray
@@ -71,156 +86,369 @@ class Problem:
 
     @property
     def A(self) -> np.ndarray:
+        """Hessian of the loss in beta, ``X^T X / n``."""
         return self.X.T @ self.X / self.n
 
     def loss(self, beta: np.ndarray) -> np.ndarray:
-        """Training loss ``(1/n)||X beta - y||^2``; ``beta`` may be (..., d)."""
+        """Training loss; ``beta`` may be (..., d)."""
         r = beta @ self.X.T - self.y
-        return np.mean(r**2, axis=-1)
+        return 0.5 * np.mean(r**2, axis=-1)
 
     def grad(self, beta: np.ndarray) -> np.ndarray:
-        """Gradient of the training loss in beta."""
-        r = beta @ self.X.T - self.y
-        return (2.0 / self.n) * r @ self.X
+        """Gradient of the training loss in beta, ``X^T (X beta - y) / n``."""
+        return (beta @ self.X.T - self.y) @ self.X / self.n
 
     def test_loss(self, beta: np.ndarray) -> np.ndarray:
-        """Population test loss ``||beta - beta*||^2`` (isotropic Gaussian inputs)."""
-        return np.sum((beta - self.beta_star) ** 2, axis=-1)
+        """Population test loss ``||beta - beta*||^2 / 2`` (isotropic Gaussian inputs)."""
+        return 0.5 * np.sum((beta - self.beta_star) ** 2, axis=-1)
 
 
-def make_problem(n: int, d: int, kappa: int, seed: int = 0) -> Problem:
-    """Gaussian design, kappa-sparse +-1 ground truth, noiseless labels."""
-    if not (0 < n < d):
-        raise ValueError(f"need 0 < n < d (overparametrised), got n={n}, d={d}")
+def make_problem(n: int, d: int, kappa: int, seed: int = 0, *, design: str = "gaussian") -> Problem:
+    """Gaussian (or, for checks, orthogonal: ``X^T X = n I``, needs n >= d) design and a
+    kappa-sparse ground truth with entries ``+-1/sqrt(kappa)``; noiseless labels."""
     if not (0 < kappa <= d):
-        raise ValueError(f"need 0 < kappa <= d, got kappa={kappa}")
+        raise ValueError(f"need 0 < kappa <= d, got kappa={kappa}, d={d}")
     rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
+    if design == "gaussian":
+        X = rng.standard_normal((n, d))
+    elif design == "orthogonal":
+        if n < d:
+            raise ValueError(f"an orthogonal design needs n >= d, got n={n}, d={d}")
+        Q, _ = np.linalg.qr(rng.standard_normal((n, d)))
+        X = math.sqrt(n) * Q
+    else:
+        raise ValueError(f"design must be 'gaussian' or 'orthogonal', got {design!r}")
     beta_star = np.zeros(d)
     support = rng.choice(d, size=kappa, replace=False)
-    beta_star[support] = rng.choice([-1.0, 1.0], size=kappa)
+    beta_star[support] = rng.choice([-1.0, 1.0], size=kappa) / math.sqrt(kappa)
     return Problem(X, X @ beta_star, beta_star)
 
 
-# =========================================================================== training
+# =========================================================================== population
 
 
-def sample_hyperparameters(
+def sample_population(
     n_nets: int,
     *,
-    alpha_range: Sequence[float],
-    lr_factor_range: Sequence[float],
-    batch_sizes: Sequence[int],
     n: int,
-    d: int,
+    methods: Mapping[str, Mapping[str, Any]],
+    lr_factor_range: Sequence[float],
+    schedules: Sequence[str] = ("constant", "decay"),
+    decay_fracs: Sequence[float] = (0.1, 0.3, 0.5),
+    decay_factor: float = 10.0,
+    horizon: int = 20000,
+    alpha: float | Sequence[float] = 0.1,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Draw per-network init scale, batch size and step size.
+    """Per-network training hyperparameters.
 
-    ``alpha`` and the step-size factor are log-uniform. The step size is the
-    factor divided by a curvature scale of the batch loss,
-    ``lr = factor / (4 (1 + sqrt(d / B))^2)`` (the Marchenko-Pastur edge of
-    ``X_B^T X_B / B`` times 4, for weights of order one), so that one factor
-    range is meaningful for every batch size.
+    ``methods`` maps a name to ``{"batch_size": B, "lr": {schedule: reference step}}``
+    (``B = n`` is GD). Each network draws a method and a schedule uniformly, and its
+    initial step ``lr0 = factor * reference`` with ``factor`` log-uniform in
+    ``lr_factor_range``. A ``decay`` schedule divides the step by ``decay_factor`` after
+    ``frac * horizon`` steps, ``frac`` drawn from ``decay_fracs``. ``alpha`` is one
+    constant, or a ``[lo, hi]`` range to draw log-uniformly from (the secondary population).
     """
     if n_nets < 1:
         raise ValueError("n_nets must be >= 1")
-    for b in batch_sizes:
+    if not methods:
+        raise ValueError("methods is empty")
+    for name, m in methods.items():
+        b = int(m["batch_size"])
         if not 1 <= b <= n:
-            raise ValueError(f"batch size {b} outside [1, n={n}]")
+            raise ValueError(f"method {name!r}: batch size {b} outside [1, n={n}]")
+        missing = [s for s in schedules if s not in m["lr"]]
+        if missing:
+            raise ValueError(f"method {name!r} has no reference step for schedule(s) {missing}")
+    for s in schedules:
+        if s not in ("constant", "decay"):
+            raise ValueError(f"schedule must be 'constant' or 'decay', got {s!r}")
     rng = np.random.default_rng(seed)
-    lo, hi = np.log(alpha_range[0]), np.log(alpha_range[1])
-    alpha = np.exp(rng.uniform(lo, hi, n_nets))
-    flo, fhi = np.log(lr_factor_range[0]), np.log(lr_factor_range[1])
-    factor = np.exp(rng.uniform(flo, fhi, n_nets))
-    batch = rng.choice(np.asarray(batch_sizes, dtype=int), size=n_nets)
-    lr = factor / (4.0 * (1.0 + np.sqrt(d / batch)) ** 2)
-    return {"alpha": alpha, "lr": lr, "batch_size": batch, "lr_factor": factor}
+    names = list(methods)
+    method = rng.choice(names, size=n_nets)
+    schedule = rng.choice(list(schedules), size=n_nets)
+    lo, hi = np.log(lr_factor_range[0]), np.log(lr_factor_range[1])
+    factor = np.exp(rng.uniform(lo, hi, n_nets))
+    frac = rng.choice(np.asarray(decay_fracs, float), size=n_nets)
+    if np.ndim(alpha) == 0:
+        alphas = np.full(n_nets, float(alpha))
+    else:
+        alphas = np.exp(rng.uniform(np.log(alpha[0]), np.log(alpha[1]), n_nets))
+    lr0 = np.array([methods[m]["lr"][s] for m, s in zip(method, schedule)]) * factor
+    decay = schedule == "decay"
+    return {
+        "method": method,
+        "batch_size": np.array([int(methods[m]["batch_size"]) for m in method]),
+        "schedule": schedule,
+        "lr_factor": factor,
+        "lr0": lr0,
+        "decay_at": np.where(decay, np.round(frac * horizon).astype(int), -1),
+        "decay_factor": np.where(decay, float(decay_factor), 1.0),
+        "alpha": alphas,
+    }
 
 
 def train_networks(
     problem: Problem,
-    alpha: np.ndarray,
-    lr: np.ndarray,
-    batch_size: np.ndarray,
+    pop: Mapping[str, np.ndarray],
     *,
     stop_loss: float,
     max_steps: int,
     seed: int = 0,
-    check_every: int = 50,
-    max_retries: int = 6,
+    check_every: int = 100,
+    max_restarts: int = 4,
     progress: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Train many diagonal networks at once (numpy, float64).
+    """Train every network of ``pop`` (numpy, float64), vectorised over the networks of
+    one batch size.
 
-    Each network does SGD with its own batch size (sampling without
-    replacement within a step; ``batch_size == n`` is full-batch GD) until
-    its full training loss is <= ``stop_loss`` (checked every
-    ``check_every`` steps). A network whose loss becomes non-finite or
-    exceeds 1e6 is restarted from its initialisation with half the step size,
-    at most ``max_retries`` times. Returns ``u, v`` (N, d), the final ``lr``,
-    ``steps``, ``train_loss``, ``converged`` and ``restarts``.
+    SGD samples ``B`` examples per step (with replacement for ``B = 1``, without
+    otherwise); ``B = n`` is full-batch GD. The step is ``lr0`` and becomes
+    ``lr0 / decay_factor`` at step ``decay_at`` (``-1``: never). Training stops when the
+    full training loss is ``<= stop_loss`` (checked every ``check_every`` steps) or after
+    ``max_steps``. A run whose loss becomes non-finite or exceeds 100x its initial value
+    restarts from its initialisation with half the step (``restarts`` counts them; after
+    ``max_restarts`` it is given up). Returns ``u, v, steps, train_loss, converged,
+    restarts, lr0`` (the step actually used).
     """
     X, y = problem.X, problem.y
     n, d = X.shape
-    N = len(alpha)
-    alpha = np.asarray(alpha, float)
-    lr = np.asarray(lr, float).copy()
-    batch_size = np.asarray(batch_size, int)
+    N = len(pop["lr0"])
     rng = np.random.default_rng(seed)
+    alpha = np.asarray(pop["alpha"], float)
+    lr0 = np.asarray(pop["lr0"], float).copy()
     U = np.tile(alpha[:, None], (1, d))
     V = np.zeros((N, d))
     steps = np.zeros(N, int)
     restarts = np.zeros(N, int)
     done = np.zeros(N, bool)
     failed = np.zeros(N, bool)
+    L0 = float(problem.loss(np.zeros(d)))
     bar = tqdm(total=N, desc="training diagonal nets", disable=not progress, leave=False, mininterval=10)
-    step = 0
-    errstate = np.errstate(over="ignore", invalid="ignore")
-    errstate.__enter__()
-    while not np.all(done | failed) and step < max_steps:
-        act = np.flatnonzero(~(done | failed))
-        u, v = U[act], V[act]
-        for _ in range(check_every):
-            R = (u * v) @ X.T - y  # (a, n); may overflow for a diverging net (handled below)
-            # per-network random batch: the B smallest of n uniforms
-            keys = rng.random((act.size, n))
-            ranks = np.argsort(np.argsort(keys, axis=1), axis=1)
-            W = (ranks < batch_size[act, None]) / batch_size[act, None]
-            G = 2.0 * (W * R) @ X  # gradient of the batch loss in beta
-            step_lr = lr[act, None]
-            u, v = u - step_lr * v * G, v - step_lr * u * G
-        step += check_every
-        steps[act] += check_every
-        U[act], V[act] = u, v
-        loss = problem.loss(u * v)
-        bad = ~np.isfinite(loss) | (loss > 1e6)
-        for k in act[bad]:
-            if restarts[k] >= max_retries:
-                failed[k] = True
-                continue
-            restarts[k] += 1
-            lr[k] /= 2.0
-            U[k], V[k] = alpha[k], 0.0
-            steps[k] = 0
-        good = act[~bad][loss[~bad] <= stop_loss]
-        done[good] = True
-        bar.update(good.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for B in np.unique(pop["batch_size"]):
+            grp = np.flatnonzero(pop["batch_size"] == B)
+            while True:
+                act = grp[~(done[grp] | failed[grp])]
+                if act.size == 0:
+                    break
+                u, v = U[act], V[act]
+                decay_at = np.asarray(pop["decay_at"])[act]
+                dfac = np.asarray(pop["decay_factor"])[act]
+                s0 = steps[act].copy()
+                for k in range(check_every):
+                    lr = np.where((decay_at >= 0) & (s0 + k >= decay_at), lr0[act] / dfac, lr0[act])[:, None]
+                    beta = u * v
+                    if B == n:
+                        g = (beta @ X.T - y) @ X / n
+                    elif B == 1:
+                        idx = rng.integers(0, n, size=act.size)
+                        Xi = X[idx]
+                        g = (np.einsum("kd,kd->k", Xi, beta) - y[idx])[:, None] * Xi
+                    else:
+                        idx = np.argpartition(rng.random((act.size, n)), B, axis=1)[:, :B]
+                        Xb = X[idx]                                      # (a, B, d)
+                        r = np.einsum("kbd,kd->kb", Xb, beta) - y[idx]
+                        g = np.einsum("kb,kbd->kd", r, Xb) / B
+                    u, v = u - lr * v * g, v - lr * u * g
+                steps[act] += check_every
+                U[act], V[act] = u, v
+                loss = problem.loss(u * v)
+                bad = ~np.isfinite(loss) | (loss > 100.0 * L0)
+                for k in act[bad]:
+                    if restarts[k] >= max_restarts:
+                        failed[k] = True
+                        continue
+                    restarts[k] += 1
+                    lr0[k] /= 2.0
+                    U[k], V[k] = alpha[k], 0.0
+                    steps[k] = 0
+                ok = act[~bad][loss[~bad] <= stop_loss]
+                done[ok] = True
+                bar.update(ok.size)
+                out_of_time = act[~bad][steps[act[~bad]] >= max_steps]
+                failed[np.setdiff1d(out_of_time, ok)] = True
     bar.close()
-    errstate.__exit__(None, None, None)
-    beta = U * V
-    return {
-        "u": U,
-        "v": V,
-        "lr": lr,
-        "steps": steps,
-        "train_loss": problem.loss(beta),
-        "converged": done,
-        "restarts": restarts,
-    }
+    return {"u": U, "v": V, "steps": steps, "train_loss": problem.loss(U * V), "converged": done,
+            "restarts": restarts, "lr0": lr0}
 
 
-# =========================================================================== exact / reference sharpness
+# =========================================================================== the perturbation set
+
+
+class DiagonalBall:
+    """``{z : sum_i w_i z_i^2 <= rho^2, z >= lower}`` with the metric ``sum w_i z_i eta_i``.
+
+    The small geometry object :func:`hideseek.solvers.apgd` works with (one tensor per
+    tangent vector). ``lower = None`` is the plain metric ball.
+    """
+
+    def __init__(self, weights: torch.Tensor, lower: torch.Tensor | None = None):
+        if bool((weights <= 0).any()):
+            raise ValueError("metric weights must be positive (a zero weight means a zero weight "
+                             "u_i or v_i, where the metric degenerates)")
+        self.w = weights
+        self.lower = lower
+        if lower is not None and bool((lower > 0).any()):
+            raise ValueError("lower bounds must be <= 0 (the start z = 0 must be allowed)")
+
+    def zeros(self) -> list[torch.Tensor]:
+        return [torch.zeros_like(self.w)]
+
+    def sqnorm(self, x: list[torch.Tensor]) -> torch.Tensor:
+        return (self.w * x[0] ** 2).sum()
+
+    def direction(self, egrad: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Unit-norm Riemannian gradient ``(g / w) / ||g / w||_w``."""
+        r = egrad[0] / self.w
+        nrm = torch.sqrt((egrad[0] * r).sum())
+        return [r / nrm if float(nrm) > 0 else torch.zeros_like(r)]
+
+    def ball(self, x: list[torch.Tensor], rho: float, project: bool = True) -> list[torch.Tensor]:
+        """Metric projection onto the set (``project`` is accepted and ignored: every
+        vector here is horizontal)."""
+        z = x[0]
+        if self.lower is None:
+            nrm = float(torch.sqrt(self.sqnorm([z])))
+            return [z * (rho / nrm) if nrm > rho else z]
+        y = torch.maximum(z, self.lower)
+        if float(self.sqnorm([y])) <= rho * rho:
+            return [y]
+        s = self._scale(z, rho)
+        return [torch.maximum(s * z, self.lower)]
+
+    def _scale(self, z: torch.Tensor, rho: float) -> float:
+        """The largest ``s in (0, 1]`` with ``||max(s z, l)||_w <= rho``.
+
+        Coordinate i sits at its bound exactly when ``s > tau_i = l_i / z_i`` (``z_i < 0``),
+        so between consecutive sorted ``tau`` the squared norm is ``s^2 F_k + C_k``
+        (free part, bound part); the interval where it crosses ``rho^2`` gives ``s``.
+        Bisection is the fallback should rounding leave no interval."""
+        w, l = self.w, self.lower
+        tau = torch.where(z < 0, l / z.clamp(max=-torch.finfo(z.dtype).tiny), torch.full_like(z, math.inf))
+        order = torch.argsort(tau)
+        tau_s = tau[order]
+        wz2, wl2 = (w * z * z)[order], (w * l * l)[order]
+        C = torch.cat([wz2.new_zeros(1), torch.cumsum(wl2, 0)])            # bound part, first k bound
+        F = wz2.sum() - torch.cat([wz2.new_zeros(1), torch.cumsum(wz2, 0)])  # free part
+        left = torch.cat([tau_s.new_zeros(1), tau_s])
+        right = torch.cat([tau_s, tau_s.new_full((1,), math.inf)])
+        with torch.no_grad():
+            s = torch.sqrt(((rho * rho - C) / F).clamp(min=0))
+            ok = (F > 0) & (C <= rho * rho) & (s >= left * (1 - 1e-12)) & (s <= right * (1 + 1e-12))
+        if bool(ok.any()):
+            cand = float(s[ok].max())
+            if float(self.sqnorm([torch.maximum(cand * z, l)])) <= rho * rho * (1 + 1e-12):
+                return min(cand, 1.0)
+        lo, hi = 0.0, 1.0                       # norm(max(s z, l)) is nondecreasing in s
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if float(self.sqnorm([torch.maximum(mid * z, l)])) <= rho * rho:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo <= 1e-15 * hi:
+                break
+        return lo
+
+    def random_direction(self, generator: torch.Generator) -> list[torch.Tensor]:
+        z = torch.randn(self.w.shape, generator=generator, dtype=self.w.dtype) / self.w.sqrt()
+        return [z / torch.sqrt(self.sqnorm([z]))]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One sharpness computation: a measure and the step that reaches the perturbed point."""
+
+    measure: str          # adaptive | geodesic_invariant | geodesic_mixed
+    step: str             # exact | second_order | straight | trust_region
+
+    @property
+    def name(self) -> str:
+        return f"{self.measure}:{self.step}"
+
+
+#: Every variant the experiment computes; the main Table 1 row uses the exact steps.
+VARIANTS = (
+    Variant("adaptive", "straight"),
+    Variant("geodesic_invariant", "exact"), Variant("geodesic_invariant", "second_order"),
+    Variant("geodesic_invariant", "straight"),
+    Variant("geodesic_mixed", "exact"), Variant("geodesic_mixed", "second_order"),
+    Variant("geodesic_mixed", "straight"), Variant("geodesic_mixed", "trust_region"),
+)
+STEP_TITLES = {
+    "exact": "exact geodesics (true geodesic ball)",
+    "second_order": "second-order geodesic step (transformer recipe)",
+    "straight": "straight steps, metric norm (no Christoffel term)",
+    "trust_region": "trust region in beta (ignores incompleteness)",
+}
+
+
+def _setup(problem: Problem, u: np.ndarray, v: np.ndarray, variant: Variant):
+    """(point map z -> beta', DiagonalBall) for one network and one variant."""
+    if variant.step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS} here, got {variant.step!r}")
+    U = torch.as_tensor(np.asarray(u, float)).reshape(-1, 1, 1)
+    V = torch.as_tensor(np.asarray(v, float)).reshape(-1, 1, 1)
+    if bool((U == 0).any()) or bool((V == 0).any()):
+        raise ValueError("a network has u_i = 0 or v_i = 0: the quotient geometry is undefined there")
+    beta = (U * V).reshape(-1)
+    if variant.measure == "adaptive":
+        if variant.step != "straight":
+            raise ValueError("adaptive sharpness has straight steps only")
+        d = beta.numel()
+        return (lambda z: beta * (1 + z[:d]) * (1 + z[d:])), DiagonalBall(torch.ones(2 * d, dtype=beta.dtype))
+    metric = {"geodesic_invariant": "invariant", "geodesic_mixed": "mixed"}[variant.measure]
+    geom = PairGeometry(U, V, metric=metric)
+    christoffel = {"exact": "exact", "second_order": True, "straight": False}[variant.step]
+
+    def point(z):
+        b = z.reshape(-1, 1, 1)
+        Gp, Hp = geom.step(U * b, V * b, christoffel=christoffel)
+        return (Gp * Hp).reshape(-1)
+
+    # ||(u b, v b)||^2 = 2 ||b||^2 (invariant), 2 sum beta_i^2 b_i^2 (mixed)
+    w = torch.full_like(beta, 2.0) if metric == "invariant" else 2.0 * beta**2
+    lower = None
+    if metric == "mixed" and variant.step == "exact":
+        lower = torch.full_like(beta, -0.5 * (1.0 - TIP_MARGIN))
+    return point, DiagonalBall(w, lower)
+
+
+def sharpness(problem: Problem, u: np.ndarray, v: np.ndarray, rho: float, variant: Variant, *,
+              n_iters: int = 100, return_point: bool = False):
+    """Worst-case sharpness of one network by Auto-PGD (``trust_region``: exact maximum).
+
+    Returns the value, or ``(value, beta')`` with the maximiser when ``return_point``.
+    """
+    if rho <= 0:
+        raise ValueError(f"rho must be > 0, got {rho}")
+    if variant.step == "trust_region":
+        if variant.measure != "geodesic_mixed":
+            raise ValueError("the trust-region value exists for the mixed metric only")
+        beta = np.asarray(u, float) * np.asarray(v, float)
+        res = trust_region_max(problem.grad(beta), 0.5 * problem.A, math.sqrt(2.0) * rho)
+        return (res.value, beta + res.x) if return_point else res.value
+    point, ball = _setup(problem, u, v, variant)
+    X = torch.as_tensor(problem.X)
+    y = torch.as_tensor(problem.y)
+    n = problem.n
+
+    def objective(x):
+        z = x[0].detach().requires_grad_(True)
+        r = X @ point(z) - y
+        f = 0.5 * (r @ r) / n
+        (g,) = torch.autograd.grad(f, z)
+        return f.detach(), [g]
+
+    res = apgd(objective, ball, rho, n_iters)
+    if return_point:
+        with torch.no_grad():
+            return res.value, point(res.best[0]).numpy()
+    return res.value
+
+
+# =========================================================================== exact references
 
 
 @dataclass
@@ -232,17 +460,14 @@ class BallMax:
     hard_case: bool = False
 
 
-def trust_region_max(g: np.ndarray, M: np.ndarray, radius: float, *, tol: float = 1e-13) -> BallMax:
+def trust_region_max(g: np.ndarray, M: np.ndarray, radius: float) -> BallMax:
     """Exact global maximum of ``q(x) = g^T x + x^T M x`` over ``||x|| <= radius``.
 
-    ``M`` symmetric, possibly indefinite. Optimality (the trust-region
-    conditions, for the maximisation): ``g + 2 M x = 2 mu x`` with
-    ``mu >= max(lambda_max(M), 0)`` and ``mu (||x|| - radius) = 0``. With
-    ``M = Q diag(lam) Q^T`` and ``c = Q^T g``, ``x(mu)`` has coordinates
-    ``c_i / (2 (mu - lam_i))``; ``mu`` solves the secular equation
-    ``||x(mu)|| = radius`` (monotone in ``mu``, solved by Brent's method).
-    The "hard case" (``g`` orthogonal to the top eigenspace) adds a multiple
-    of a top eigenvector to reach the boundary.
+    ``M`` symmetric, possibly indefinite. Optimality: ``g + 2 M x = 2 mu x`` with
+    ``mu >= max(lambda_max(M), 0)`` and ``mu (||x|| - radius) = 0``. With ``M = Q diag(lam)
+    Q^T`` and ``c = Q^T g``, ``x(mu)`` has coordinates ``c_i / (2 (mu - lam_i))``; ``mu``
+    solves the secular equation ``||x(mu)|| = radius`` (Brent's method). The "hard case"
+    (``g`` orthogonal to the top eigenspace) adds a multiple of a top eigenvector.
     """
     g = np.asarray(g, float)
     M = np.asarray(M, float)
@@ -254,34 +479,29 @@ def trust_region_max(g: np.ndarray, M: np.ndarray, radius: float, *, tol: float 
     lam, Q = np.linalg.eigh(M)
     c = Q.T @ g
     lam_max = lam[-1]
-    scale = max(abs(lam_max), np.abs(lam).max(), 1e-300)
+    scale = max(np.abs(lam).max(), 1e-300)
     top = lam >= lam_max - 1e-12 * scale
 
     def q(x):
         return float(g @ x + x @ M @ x)
 
-    # interior solution possible only when M is negative definite
     if lam_max < 0:
         x_int = Q @ (c / (-2.0 * lam))
         if np.linalg.norm(x_int) <= radius:
             return BallMax(q(x_int), x_int)
-
     lo = max(lam_max, 0.0)
 
     def phi(mu):
         return np.sqrt(np.sum((c / (2.0 * (mu - lam))) ** 2)) - radius
 
-    gnorm = np.linalg.norm(g)
     if lam_max < 0:
-        a = lo  # x(0) is the interior stationary point, outside the ball: phi(0) > 0
+        a = lo
     else:
         c_top = np.sqrt(np.sum(c[top] ** 2))
-        # top components alone have norm >= 2 radius at mu = lam_max + c_top / (4 radius)
         a = lo + c_top / (4.0 * radius)
         if a - lo <= 1e-13 * scale or phi(a) <= 0:
             a = lo + 1e-13 * scale
             if phi(a) <= 0:
-                # hard case: mu = lam_max, reach the boundary along a top eigenvector
                 nt = ~top
                 x = Q[:, nt] @ (c[nt] / (2.0 * (lam_max - lam[nt])))
                 e = Q[:, top][:, -1]
@@ -290,289 +510,125 @@ def trust_region_max(g: np.ndarray, M: np.ndarray, radius: float, *, tol: float 
                 vals = [q(z) for z in cand]
                 k = int(np.argmax(vals))
                 return BallMax(vals[k], cand[k], hard_case=True)
-    hi = lo + gnorm / (2.0 * radius) + 1e-13 * scale
+    hi = lo + np.linalg.norm(g) / (2.0 * radius) + 1e-13 * scale
     while phi(hi) > 0:
         hi = lo + 2.0 * (hi - lo)
-    xtol = max(min(tol * max(1.0, abs(hi)), 1e-8 * (a - lo)), 1e-300)
+    xtol = max(min(1e-13 * max(1.0, abs(hi)), 1e-8 * (a - lo)), 1e-300)
     mu = optimize.brentq(phi, a, hi, xtol=xtol, rtol=1e-15, maxiter=500)
     x = Q @ (c / (2.0 * (mu - lam)))
     x *= radius / np.linalg.norm(x)
     return BallMax(q(x), x)
 
 
-def sphere_max(
-    fun: Callable[[np.ndarray], float],
-    grad: Callable[[np.ndarray], np.ndarray],
-    radius: float,
-    x0: np.ndarray,
-    *,
-    maxiter: int = 3000,
-) -> BallMax:
-    """Local maximum of ``fun`` on the sphere ``||x|| = radius`` (L-BFGS in ``x = radius w / ||w||``).
+def orthogonal_closed_forms(beta: np.ndarray, beta_star: np.ndarray, rho: float) -> dict[str, float]:
+    """The paper's Eq. 8 and its mixed-metric counterpart on an orthogonal design
+    (``X^T X = n I``, so ``L(beta) = ||beta - beta*||^2 / 2 + const``), in this module's
+    conventions (``||xi||^2 = 2||b||^2``, loss with ``1/(2n)``):
 
-    When the returned point satisfies ``grad = lam x`` with ``lam >= 0`` it is a
-    KKT point of the *ball* problem as well (the gradient points outward);
-    :func:`ball_kkt` measures that.
+    * invariant, first order: ``sqrt2 rho ||beta (beta - beta*)||``; at ``beta = beta*``,
+      second order: ``rho^2 max_i beta_i^2`` (paper: ``4 rho ||.|| + 4 rho^2 max beta_i^2``
+      for ``||b|| <= rho`` and the loss without ``1/2``);
+    * adaptive, same leading terms as the invariant metric;
+    * mixed, exact while no ``beta_i`` would change sign: ``sqrt2 rho ||beta - beta*|| + rho^2``
+      (paper: ``rho ||beta - beta*||`` up to constants).
     """
-    x0 = np.asarray(x0, float)
-    if np.linalg.norm(x0) == 0:
-        raise ValueError("sphere_max needs a nonzero start")
-
-    def f(w):
-        return -fun(radius * w / np.linalg.norm(w))
-
-    def g(w):
-        nw = np.linalg.norm(w)
-        u = w / nw
-        gx = grad(radius * u)
-        return -(radius / nw) * (gx - u * (u @ gx))
-
-    gscale = max(np.abs(grad(x0)).max() * radius, 1e-300)
-    res = optimize.minimize(f, x0 / np.linalg.norm(x0), jac=g, method="L-BFGS-B",
-                            options={"gtol": 1e-12 * gscale, "ftol": 1e-15, "maxiter": maxiter,
-                                     "maxcor": 30})
-    x = radius * res.x / np.linalg.norm(res.x)
-    return BallMax(fun(x), x)
+    r = beta - beta_star
+    interp = bool(np.allclose(r, 0))
+    inv = rho**2 * np.max(beta**2) if interp else math.sqrt(2) * rho * np.linalg.norm(beta * r)
+    return {"adaptive": inv, "geodesic_invariant": inv,
+            "geodesic_mixed": math.sqrt(2) * rho * np.linalg.norm(r) + rho**2}
 
 
-def ball_kkt(grad: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> tuple[float, float]:
-    """``(lam, residual)`` for ``grad(x) = lam x``: relative residual ``||grad - lam x|| / ||grad||``.
-
-    A boundary maximiser of a smooth function on a ball has residual 0 and ``lam >= 0``.
-    """
-    gx = grad(x)
-    lam = float(gx @ x / (x @ x))
-    return lam, float(np.linalg.norm(gx - lam * x) / max(np.linalg.norm(gx), 1e-300))
-
-
-def maximize_on_ball(
-    fun: Callable[[np.ndarray], float],
-    grad: Callable[[np.ndarray], np.ndarray],
-    radius: float,
-    starts: Sequence[np.ndarray],
-    *,
-    ftol: float = 1e-15,
-    maxiter: int = 500,
-) -> BallMax:
-    """Best local maximum of a smooth ``fun`` on ``||x|| <= radius`` from several starts (SLSQP)."""
-    best = BallMax(-np.inf, np.zeros_like(np.asarray(starts[0], float)))
-    cons = {
-        "type": "ineq",
-        "fun": lambda x: radius**2 - x @ x,
-        "jac": lambda x: -2.0 * x,
-    }
-    for x0 in starts:
-        x0 = np.asarray(x0, float)
-        nrm = np.linalg.norm(x0)
-        if nrm > radius:
-            x0 = x0 * (radius / nrm)
-        f0 = fun(x0)
-        if f0 > best.value:
-            best = BallMax(f0, x0)
-        res = optimize.minimize(
-            lambda x: -fun(x), x0, jac=lambda x: -grad(x), method="SLSQP",
-            constraints=[cons], options={"ftol": ftol, "maxiter": maxiter},
-        )
-        x = res.x
-        nrm = np.linalg.norm(x)
-        if nrm > radius:
-            x = x * (radius / nrm)
-        fx = fun(x)
-        if np.isfinite(fx) and fx > best.value:
-            best = BallMax(fx, x)
-    return best
-
-
-def _random_sphere(rng, k, dim, radius):
-    z = rng.standard_normal((k, dim))
-    return radius * z / np.linalg.norm(z, axis=1, keepdims=True)
-
-
-def _best_of(fun, grad, half_hess, radius, dim, n_random, seed) -> BallMax:
-    """Ascent on the sphere from both signs of the exact maximiser of the
-    second-order model at 0 (:func:`trust_region_max`), then SLSQP on the ball
-    from ``n_random`` random points; the best. If the sphere maximiser has an
-    inward gradient (``lam < 0``: the ball maximum may be interior) SLSQP
-    is also started from it."""
-    x0 = np.zeros(dim)
-    tr = trust_region_max(grad(x0), half_hess(x0), radius)
-    best = BallMax(-np.inf, x0)
-    for start in (tr.x, -tr.x):
-        cand = sphere_max(fun, grad, radius, start)
-        if ball_kkt(grad, cand.x)[0] < 0:
-            alt = maximize_on_ball(fun, grad, radius, [cand.x])
-            cand = alt if alt.value > cand.value else cand
-        if cand.value > best.value:
-            best = cand
-    if n_random:
-        rng = np.random.default_rng(seed)
-        cand = maximize_on_ball(fun, grad, radius, list(_random_sphere(rng, n_random, dim, radius)))
-        if cand.value > best.value:
-            best = cand
-    return best
-
-
-def sharpness_mixed_exact(problem: Problem, beta: np.ndarray, rho: float) -> BallMax:
-    """Metric (6): exact trust-region maximum over ``||dbeta|| <= sqrt(2) rho``.
-
-    ``L(beta + db) - L(beta) = g^T db + db^T A db`` exactly (quadratic loss),
-    ``g`` the gradient in beta, ``A = X^T X / n``.
-    """
-    return trust_region_max(problem.grad(beta), problem.A, math.sqrt(2.0) * rho)
-
-
-def sharpness_invariant_exact(
-    problem: Problem, beta: np.ndarray, rho: float, *, n_random: int = 0, seed: int = 0
-) -> BallMax:
-    """Metric (5): ``max_{||z|| <= rho/sqrt 2} L(beta e^{2z}) - L(beta)`` (exact geodesics).
-
-    Started from both signs of the exact maximiser of the second-order model
-    ``(2 beta g)^T z + z^T (2 diag(beta g) + 4 D_beta A D_beta) z`` and from
-    random points; returns the best maximiser found (value in ``.value``, ``z`` in ``.x``).
-    """
-    beta = np.asarray(beta, float)
-    L0 = float(problem.loss(beta))
-    g = problem.grad(beta)
-    A = problem.A
-    r = rho / math.sqrt(2.0)
-
-    def fun(z):
-        with np.errstate(over="ignore", invalid="ignore"):
-            val = float(problem.loss(beta * np.exp(2.0 * z))) - L0
-        return val if np.isfinite(val) else -np.inf
-
-    def grad(z):
-        with np.errstate(over="ignore", invalid="ignore"):
-            b = beta * np.exp(2.0 * z)
-            return np.nan_to_num(2.0 * b * problem.grad(b))
-
-    def half_hess(z):
-        b = beta * np.exp(2.0 * z)
-        return 2.0 * np.diag(b * problem.grad(b)) + 4.0 * (b[:, None] * A * b[None, :])
-
-    return _best_of(fun, grad, half_hess, r, beta.size, n_random, seed)
-
-
-def sharpness_adaptive_ref(
-    problem: Problem, beta: np.ndarray, rho: float, *, n_random: int = 0, seed: int = 0
-) -> BallMax:
-    """Adaptive l2: ``max_{||(a, b)|| <= rho} L(beta (1 + a)(1 + b)) - L(beta)``.
-
-    This is elementwise adaptive sharpness with ``c = |theta|`` for
-    ``theta = (u, v)``: ``u + du = u (1 + a)`` with ``||du / u||`` the norm, so
-    it depends on the network only through ``beta``. Started from the exact
-    maximiser of the second-order model and random points; ``.x = (a, b)``.
-    """
-    beta = np.asarray(beta, float)
-    d = beta.size
-    L0 = float(problem.loss(beta))
-    g = problem.grad(beta)
-    A = problem.A
-
-    def fun(w):
-        a, b = w[:d], w[d:]
-        return float(problem.loss(beta * (1.0 + a) * (1.0 + b))) - L0
-
-    def grad(w):
-        a, b = w[:d], w[d:]
-        gb = problem.grad(beta * (1.0 + a) * (1.0 + b))
-        return np.concatenate([gb * beta * (1.0 + b), gb * beta * (1.0 + a)])
-
-    def half_hess(w):
-        a, b = w[:d], w[d:]
-        ca, cb = beta * (1.0 + b), beta * (1.0 + a)  # d beta' / da, d beta' / db
-        gb = problem.grad(beta * (1.0 + a) * (1.0 + b))
-        Paa = ca[:, None] * A * ca[None, :]
-        Pbb = cb[:, None] * A * cb[None, :]
-        Pab = ca[:, None] * A * cb[None, :] + 0.5 * np.diag(gb * beta)
-        return np.block([[Paa, Pab], [Pab.T, Pbb]])
-
-    return _best_of(fun, grad, half_hess, rho, 2 * d, n_random, seed)
-
-
-def exact_sharpness(problem: Problem, beta: np.ndarray, rho: float, *, seed: int = 0) -> dict[str, float]:
-    """The three reference sharpness values of one network at one radius."""
-    return {
-        "adaptive": sharpness_adaptive_ref(problem, beta, rho, seed=seed).value,
-        "geodesic_invariant": sharpness_invariant_exact(problem, beta, rho, seed=seed).value,
-        "geodesic_mixed": sharpness_mixed_exact(problem, beta, rho).value,
-    }
-
-
-# =========================================================================== generic engine
-
-
-def make_torch_model(u: np.ndarray, v: np.ndarray):
-    """``f(x) = <u * v, x>`` as a torch module with parameters named ``u`` and ``v`` (float64)."""
-    import torch
-    from torch import nn
-
-    class DiagonalNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.u = nn.Parameter(torch.as_tensor(np.asarray(u), dtype=torch.float64).clone())
-            self.v = nn.Parameter(torch.as_tensor(np.asarray(v), dtype=torch.float64).clone())
-
-        def forward(self, x):
-            return x @ (self.u * self.v)
-
-    return DiagonalNet().eval()
-
-
-def mse(out, y):
-    """Mean squared error, the diagonal networks' training loss."""
-    return ((out - y) ** 2).mean()
-
-
-#: keyword arguments of :func:`hideseek.sharpness` for the three measures
-ENGINE_MEASURES: dict[str, dict[str, Any]] = {
-    "adaptive": dict(measure="adaptive", p="l2"),
-    "geodesic_invariant": dict(measure="geodesic", metric="invariant"),
-    "geodesic_mixed": dict(measure="geodesic", metric="mixed"),
-}
-
-
-def engine_sharpness(
-    problem: Problem,
-    u: np.ndarray,
-    v: np.ndarray,
-    rho: float,
-    measure: str,
-    *,
-    n_iters: int = 20,
-    seed: int = 0,
-    **kwargs,
-) -> float:
-    """Sharpness by the library's generic engine, the diagonal pairs declared by the user."""
-    import torch
-
-    import hideseek as hs
-
-    if measure not in ENGINE_MEASURES:
-        raise ValueError(f"unknown measure {measure!r}; expected one of {MEASURES}")
-    model = make_torch_model(u, v)
-    batches = [(torch.as_tensor(problem.X), torch.as_tensor(problem.y))]
-    opts = dict(ENGINE_MEASURES[measure])
-    if opts["measure"] == "geodesic":
-        opts["pairs"] = [hs.DiagonalPair("u", "v")]
-    opts.update(kwargs)
-    opts.setdefault("progress", False)
-    res = hs.sharpness(model, batches, rho=rho, n_iters=n_iters, seed=seed, loss_fn=mse, **opts)
-    return float(res.value)
+def orthogonal_check(*, d: int = 20, rho: float = 1e-3, n_iters: int = 100, seed: int = 0) -> list[dict]:
+    """APGD (exact steps) against :func:`orthogonal_closed_forms` on an orthogonal design,
+    at a generic point (first-order regime) and at an interpolating dense point (second order)."""
+    prob = make_problem(d, d, d, seed=seed, design="orthogonal")   # dense beta*: every beta_i != 0
+    rng = np.random.default_rng(seed + 1)
+    points = {"generic (r != 0)": prob.beta_star * (1 + 0.3 * rng.standard_normal(d)),
+              "interpolating (beta = beta*)": prob.beta_star.copy()}
+    rows = []
+    for case, beta in points.items():
+        u = np.sqrt(np.abs(beta)) * rng.choice([-1.0, 1.0], d)
+        v = beta / u
+        cf = orthogonal_closed_forms(beta, prob.beta_star, rho)
+        for m in MEASURES:
+            step = "straight" if m == "adaptive" else "exact"
+            val = sharpness(prob, u, v, rho, Variant(m, step), n_iters=n_iters)
+            rows.append({"case": case, "measure": m, "step": step, "rho": rho, "apgd": val,
+                         "closed_form": cf[m], "rel_diff": (val - cf[m]) / cf[m]})
+    return rows
 
 
 # =========================================================================== the experiment
 
 
-def run(params: Mapping[str, Any], *, progress: bool = True, threads: int = 1) -> dict[str, Any]:
-    """Train the population, measure sharpness, correlate (see :func:`_run`).
+def _population(problem: Problem, p: Mapping[str, Any], *, seed: int, progress: bool):
+    pop = sample_population(
+        int(p["n_nets"]), n=problem.n, methods=p["methods"], lr_factor_range=p["lr_factor_range"],
+        schedules=p.get("schedules", ("constant", "decay")), decay_fracs=p.get("decay_fracs", (0.1, 0.3, 0.5)),
+        decay_factor=float(p.get("decay_factor", 10.0)), horizon=int(p.get("horizon", 20000)),
+        alpha=p["alpha"], seed=seed)
+    tr = train_networks(problem, pop, stop_loss=float(p["stop_loss"]), max_steps=int(p["max_steps"]),
+                        seed=seed + 1, check_every=int(p.get("check_every", 100)), progress=progress)
+    import pandas as pd
 
-    BLAS and torch use ``threads`` threads (1 by default: the problems are
-    small and single-threaded linear algebra is much faster for them).
+    beta = tr["u"] * tr["v"]
+    nets = pd.DataFrame({
+        "net": np.arange(len(beta)), "method": pop["method"], "batch_size": pop["batch_size"],
+        "schedule": pop["schedule"], "alpha": pop["alpha"], "lr_factor": pop["lr_factor"],
+        "lr0": tr["lr0"], "decay_at": pop["decay_at"], "decay_factor": pop["decay_factor"],
+        "steps": tr["steps"], "restarts": tr["restarts"], "converged": tr["converged"],
+        "train_loss": tr["train_loss"], "test_loss": problem.test_loss(beta),
+        "l1_norm": np.abs(beta).sum(1),
+        "n_large": (np.abs(beta) > 1e-2 / math.sqrt(problem.d)).sum(1),
+        "min_abs_beta": np.abs(beta).min(1),
+    })
+    return nets, tr["u"], tr["v"]
+
+
+def _sharpness_table(problem, nets, U, V, rhos, variants, n_iters, progress, desc):
+    rows = []
+    ok = nets.net[nets.converged].to_numpy()
+    it = [(k, r, var) for k in ok for r in rhos for var in variants]
+    for k, r, var in tqdm(it, desc=desc, disable=not progress, leave=False, mininterval=10):
+        t = time.perf_counter()
+        val = sharpness(problem, U[k], V[k], r, var, n_iters=n_iters)
+        rows.append({"net": int(k), "rho": float(r), "measure": var.measure, "step": var.step,
+                     "sharpness": float(val), "seconds": time.perf_counter() - t})
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def _taus(sharp, nets, n_boot, seed):
+    import pandas as pd
+
+    from companion.experiments.correlation import kendall_tau
+
+    gen = nets.set_index("net").test_loss
+    out = []
+    for (m, step, r), grp in sharp.groupby(["measure", "step", "rho"]):
+        s = grp.set_index("net").sharpness
+        if not np.all(np.isfinite(s.to_numpy())):
+            out.append({"measure": m, "step": step, "rho": r, "tau": float("nan"), "ci_low": float("nan"),
+                        "ci_high": float("nan"), "pvalue": float("nan"), "n": int(s.size), "n_boot": 0})
+            continue
+        t = kendall_tau(s.to_numpy(), gen.loc[s.index].to_numpy(), n_boot=n_boot, seed=seed)
+        out.append({"measure": m, "step": step, "rho": r, **t.as_dict()})
+    return pd.DataFrame(out)
+
+
+def run(params: Mapping[str, Any], *, progress: bool = True, threads: int = 1) -> dict[str, Any]:
+    """Train both populations, measure every sharpness variant, correlate; plain data back.
+
+    ``params`` keys: ``n, d, kappa, seed, stop_loss, max_steps, rho`` (main radius, fixed
+    in advance), ``rhos`` (sweep), ``n_iters`` (Auto-PGD), ``n_boot``, ``convergence_factor``
+    (the main row is recomputed with this many times more iterations), ``main`` (the
+    population: ``n_nets, alpha, methods, lr_factor_range, schedules, decay_fracs,
+    decay_factor, horizon``), ``alpha_sweep`` (same keys, or absent), ``orthogonal``
+    (``d, rho`` of the closed-form check, or absent).
     """
     import contextlib
-
-    import torch
 
     try:  # ships with scikit-learn; only a speed-up
         from threadpoolctl import threadpool_limits
@@ -589,181 +645,141 @@ def run(params: Mapping[str, Any], *, progress: bool = True, threads: int = 1) -
 
 
 def _run(params: Mapping[str, Any], *, progress: bool = True) -> dict[str, Any]:
-    """Train the population, measure sharpness, correlate; returns plain data.
-
-    ``params`` keys: ``n, d, kappa, seed, n_nets, alpha_range, lr_factor_range,
-    batch_sizes, stop_loss, max_steps, rho, rhos, n_boot, engine`` (bool),
-    ``engine_n_iters``, ``engine_rhos`` (radii at which the engine is also run),
-    ``engine_exact_invariant`` (bool: also run the engine with exact GL(1) geodesics).
-    """
     import pandas as pd
 
-    from companion.experiments.correlation import kendall_tau, tau_split_half
-
-    t0 = time.perf_counter()
     p = dict(params)
-    problem = make_problem(int(p["n"]), int(p["d"]), int(p["kappa"]), seed=int(p["seed"]))
-    hp = sample_hyperparameters(
-        int(p["n_nets"]), alpha_range=p["alpha_range"], lr_factor_range=p["lr_factor_range"],
-        batch_sizes=p["batch_sizes"], n=problem.n, d=problem.d, seed=int(p["seed"]) + 1,
-    )
-    tr = train_networks(
-        problem, hp["alpha"], hp["lr"], hp["batch_size"], stop_loss=float(p["stop_loss"]),
-        max_steps=int(p["max_steps"]), seed=int(p["seed"]) + 2, progress=progress,
-    )
-    t_train = time.perf_counter() - t0
-    beta = tr["u"] * tr["v"]
-    nets = pd.DataFrame({
-        "net": np.arange(len(beta)),
-        "alpha": hp["alpha"],
-        "lr": tr["lr"],
-        "lr_factor": hp["lr_factor"],
-        "batch_size": hp["batch_size"],
-        "steps": tr["steps"],
-        "restarts": tr["restarts"],
-        "converged": tr["converged"],
-        "train_loss": tr["train_loss"],
-        "test_loss": problem.test_loss(beta),
-        "l1_norm": np.abs(beta).sum(1),
-        "l2_norm": np.sqrt((beta**2).sum(1)),
-    })
-    ok = nets["converged"].to_numpy()
-
+    seed = int(p["seed"])
+    timings: dict[str, float] = {}
+    t0, c0 = time.perf_counter(), time.process_time()
+    problem = make_problem(int(p["n"]), int(p["d"]), int(p["kappa"]), seed=seed)
     rho = float(p["rho"])
-    rhos = sorted({float(r) for r in p["rhos"]} | {rho})
-    rows = []
-    t1 = time.perf_counter()
-    it = [(k, r) for k in range(len(beta)) for r in rhos]
-    for k, r in tqdm(it, desc="reference sharpness", disable=not progress, leave=False, mininterval=10):
-        vals = exact_sharpness(problem, beta[k], r, seed=k)
-        for m, val in vals.items():
-            rows.append({"net": k, "rho": r, "measure": m, "method": "exact", "sharpness": val})
-    t_exact = time.perf_counter() - t1
-
-    t_engine = 0.0
-    if p.get("engine", True):
-        t2 = time.perf_counter()
-        e_rhos = sorted({float(r) for r in p.get("engine_rhos", [rho])})
-        jobs = [("engine", m, {}) for m in MEASURES]
-        if p.get("engine_exact_invariant", True):
-            # same Auto-PGD, exact GL(1) geodesics: separates optimiser error from step error
-            jobs.append(("engine_exact_step", "geodesic_invariant", {"christoffel": "exact"}))
-        it = [(k, r, job) for k in range(len(beta)) for r in e_rhos for job in jobs]
-        for k, r, (method, m, extra) in tqdm(it, desc="engine sharpness", disable=not progress,
-                                              leave=False, mininterval=10):
-            val = engine_sharpness(problem, tr["u"][k], tr["v"][k], r, m,
-                                   n_iters=int(p.get("engine_n_iters", 20)), seed=k, **extra)
-            rows.append({"net": k, "rho": r, "measure": m, "method": method, "sharpness": val})
-        t_engine = time.perf_counter() - t2
-    sharp = pd.DataFrame(rows)
-
-    # ---- correlations over converged networks
-    gen = nets.loc[ok, "test_loss"].to_numpy()
+    rhos = sorted({float(r) for r in p.get("rhos", [])} | {rho})
+    n_iters = int(p.get("n_iters", 100))
     n_boot = int(p.get("n_boot", 2000))
-    taus = []
-    for (method, m, r), grp in sharp.groupby(["method", "measure", "rho"]):
-        s = grp.set_index("net").loc[nets.loc[ok, "net"], "sharpness"].to_numpy()
-        t = kendall_tau(s, gen, n_boot=n_boot, seed=int(p["seed"]))
-        taus.append({"method": method, "measure": m, "rho": r, **t.as_dict()})
-    taus = pd.DataFrame(taus)
 
-    split = {}
-    ex = sharp[sharp.method == "exact"]
+    nets, U, V = _population(problem, {**p, **p["main"]}, seed=seed + 1, progress=progress)
+    timings["train_s"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    # every variant at the main radius; the exact steps (and adaptive) over the whole sweep
+    main = [v for v in VARIANTS if v.step == "exact" or v.measure == "adaptive"]
+    sharp = pd.concat([
+        _sharpness_table(problem, nets, U, V, [rho], VARIANTS, n_iters, progress, "sharpness"),
+        _sharpness_table(problem, nets, U, V, [r for r in rhos if r != rho], main, n_iters, progress, "rho sweep"),
+    ], ignore_index=True)
+    timings["sharpness_s"] = time.perf_counter() - t
+    taus = _taus(sharp, nets, n_boot, seed)
+
+    # optimiser check: the exact-step main row again with more iterations
+    t = time.perf_counter()
+    conv = None
+    cf = int(p.get("convergence_factor", 0))
+    if cf > 1:
+        more = _sharpness_table(problem, nets, U, V, [rho], main, cf * n_iters, progress, "convergence")
+        base = sharp[np.isclose(sharp.rho, rho)].set_index(["net", "measure", "step"]).sharpness
+        more = more.set_index(["net", "measure", "step"]).sharpness
+        rel = (more - base.loc[more.index]) / base.loc[more.index].abs()
+        conv = {"n_iters": n_iters, "n_iters_more": cf * n_iters,
+                "max_rel_increase": {m: float(rel.xs(m, level="measure").max()) for m in MEASURES},
+                "median_rel_increase": {m: float(rel.xs(m, level="measure").median()) for m in MEASURES}}
+    timings["convergence_s"] = time.perf_counter() - t
+
+    # secondary population: initialisation-scale sweep
+    sweep = None
+    if p.get("alpha_sweep"):
+        t = time.perf_counter()
+        sp = {**p, **p["alpha_sweep"]}
+        nets_a, Ua, Va = _population(problem, sp, seed=seed + 11, progress=progress)
+        sharp_a = _sharpness_table(problem, nets_a, Ua, Va, [rho], main, n_iters, progress, "alpha sweep")
+        sweep = {"nets": nets_a, "sharpness": sharp_a, "taus": _taus(sharp_a, nets_a, n_boot, seed)}
+        timings["alpha_sweep_s"] = time.perf_counter() - t
+
+    ortho = None
+    if p.get("orthogonal"):
+        t = time.perf_counter()
+        o = p["orthogonal"]
+        ortho = pd.DataFrame(orthogonal_check(d=int(o.get("d", 20)), rho=float(o.get("rho", 1e-3)),
+                                              n_iters=n_iters, seed=seed))
+        timings["orthogonal_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - t0
+    timings["total_cpu_s"] = time.process_time() - c0   # this process's CPU time (the machine is shared)
+    return {"problem": problem, "nets": nets, "u": U, "v": V, "sharpness": sharp, "taus": taus,
+            "convergence": conv, "alpha_sweep": sweep, "orthogonal": ortho, "timings": timings,
+            "rho": rho}
+
+
+def _tau_entry(taus, step, rho):
+    out = {}
     for m in MEASURES:
-        by_rho = {
-            r: grp.set_index("net").loc[nets.loc[ok, "net"], "sharpness"].to_numpy()
-            for r, grp in ex[ex.measure == m].groupby("rho")
-        }
-        if len(by_rho) > 1 and ok.sum() >= 6:
-            split[m] = tau_split_half(by_rho, gen, seed=int(p["seed"]), n_boot=n_boot).as_dict()
-
-    return {
-        "problem": problem,
-        "nets": nets,
-        "sharpness": sharp,
-        "taus": taus,
-        "split_half": split,
-        "u": tr["u"],
-        "v": tr["v"],
-        "timings": {"train_s": t_train, "exact_s": t_exact, "engine_s": t_engine,
-                    "total_s": time.perf_counter() - t0},
-    }
+        st = "straight" if m == "adaptive" else step
+        row = taus[(taus.measure == m) & (taus.step == st) & np.isclose(taus.rho, rho)]
+        if len(row):
+            r = row.iloc[0]
+            out[m] = {"tau": float(r.tau), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
+                      "pvalue": float(r.pvalue), "n": int(r.n)}
+    return out
 
 
 def summary_metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """The metrics JSON of the stage, including the Table 1 row."""
-    nets, taus = result["nets"], result["taus"]
-    rho = float(params["rho"])
-    main = taus[np.isclose(taus.rho, rho)]
-
-    def pick(method):
-        out = {}
-        for m in MEASURES:
-            row = main[(main.method == method) & (main.measure == m)]
-            if len(row):
-                r = row.iloc[0]
-                out[m] = {"tau": float(r.tau), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
-                          "pvalue": float(r.pvalue), "n": int(r.n)}
-        return out
-
-    engine = pick("engine")
-    exact = pick("exact")
+    """The stage's metrics JSON, Table 1 rows included (main row: exact geodesics)."""
+    nets, taus, rho = result["nets"], result["taus"], float(result["rho"])
     conv = nets[nets.converged]
-    table1 = [{
-        "row": "diagonal", "variant": "closed forms / exact maximisation", "source": "exact",
-        "rho": rho, "n_models": int(len(conv)),
-        "tau": {m: v["tau"] for m, v in exact.items()},
-        "ci": {m: [v["ci_low"], v["ci_high"]] for m, v in exact.items()},
-    }]
-    if len(engine) == len(MEASURES):
-        table1.append({
-            "row": "diagonal", "variant": "generic engine, second-order geodesic steps", "source": "engine",
-            "rho": rho, "n_models": int(len(conv)),
-            "tau": {m: v["tau"] for m, v in engine.items()},
-            "ci": {m: [v["ci_low"], v["ci_high"]] for m, v in engine.items()},
-        })
-    exact_step = main[(main.method == "engine_exact_step")]
-    return {
-        "engine_vs_exact": agreement(result["sharpness"], rho),
+    table1 = []
+    by_step = {}
+    for step in ("exact", "second_order", "straight"):
+        e = _tau_entry(taus, step, rho)
+        by_step[step] = e
+        if len(e) == len(MEASURES):
+            table1.append({"row": "diagonal", "variant": STEP_TITLES[step] if step != "exact"
+                           else "exact geodesics, true geodesic ball (main)", "source": step,
+                           "rho": rho, "n_models": int(len(conv)),
+                           "tau": {m: v["tau"] for m, v in e.items()},
+                           "ci": {m: [v["ci_low"], v["ci_high"]] for m, v in e.items()}})
+    tr = _tau_entry(taus, "trust_region", rho)
+    out = {
         "setting": {
             "n": int(params["n"]), "d": int(params["d"]), "kappa": int(params["kappa"]),
-            "n_nets": int(len(nets)), "n_converged": int(nets.converged.sum()),
-            "alpha_range": [float(nets.alpha.min()), float(nets.alpha.max())],
-            "lr_range": [float(nets.lr.min()), float(nets.lr.max())],
-            "batch_sizes": sorted(int(b) for b in set(nets.batch_size)),
-            "stop_loss": float(params["stop_loss"]),
-            "rho": rho,
-            "generalisation": "population test loss ||beta - beta*||^2",
+            "n_nets": int(len(nets)), "n_converged": int(len(conv)),
+            "not_converged": nets.loc[~nets.converged, ["net", "method", "schedule", "lr0", "steps",
+                                                        "train_loss"]].to_dict("records"),
+            "methods": sorted(set(nets.method)), "schedules": sorted(set(nets.schedule)),
+            "alpha": sorted({float(a) for a in nets.alpha}),
+            "lr0_range": [float(nets.lr0.min()), float(nets.lr0.max())],
+            "stop_loss": float(params["stop_loss"]), "rho": rho, "n_iters": int(params.get("n_iters", 100)),
+            "generalisation": "population test loss ||beta - beta*||^2 / 2",
         },
+        "train_loss_range": [float(conv.train_loss.min()), float(conv.train_loss.max())],
         "test_loss_range": [float(conv.test_loss.min()), float(conv.test_loss.max())],
-        "train_loss_max": float(conv.train_loss.max()),
-        "tau_exact": exact,
-        "tau_engine": engine,
-        "tau_engine_exact_step_invariant": (float(exact_step.iloc[0].tau) if len(exact_step) else None),
+        "tau_exact": by_step["exact"],
+        "tau_second_order": by_step["second_order"],
+        "tau_straight": by_step["straight"],
+        "tau_trust_region_mixed": tr.get("geodesic_mixed"),
         "paper_tau": PAPER_TAU,
-        "split_half": result["split_half"],
+        "convergence": result["convergence"],
         "timings": {k: round(v, 2) for k, v in result["timings"].items()},
         "table1": table1,
     }
+    if result.get("alpha_sweep"):
+        sw = result["alpha_sweep"]
+        sc = sw["nets"][sw["nets"].converged]
+        out["alpha_sweep"] = {
+            "n_nets": int(len(sw["nets"])), "n_converged": int(len(sc)),
+            "alpha_range": [float(sc.alpha.min()), float(sc.alpha.max())],
+            "test_loss_range": [float(sc.test_loss.min()), float(sc.test_loss.max())],
+            "tau_exact": _tau_entry(sw["taus"], "exact", rho),
+        }
+    if result.get("orthogonal") is not None:
+        o = result["orthogonal"]
+        out["orthogonal_check"] = {"max_abs_rel_diff": float(o.rel_diff.abs().max()),
+                                   "rows": o.to_dict("records")}
+    return _plain(out)
 
 
-def agreement(sharp, rho: float) -> dict[str, dict[str, float]]:
-    """Relative difference engine - exact per measure at ``rho``: median, max |.|, and
-    the fraction of networks where the engine exceeds the exact value by > 1e-9 (relative)."""
-    out = {}
-    at = sharp[np.isclose(sharp.rho, rho)]
-    ex = at[at.method == "exact"].set_index(["net", "measure"]).sharpness
-    for method in ("engine", "engine_exact_step"):
-        en = at[at.method == method].set_index(["net", "measure"]).sharpness
-        for m in MEASURES:
-            if m not in en.index.get_level_values(1):
-                continue
-            e = en.xs(m, level="measure")
-            x = ex.xs(m, level="measure").loc[e.index]
-            rel = ((e - x) / x.abs()).to_numpy()
-            out[f"{method}:{m}"] = {
-                "median_rel": float(np.median(rel)),
-                "max_abs_rel": float(np.max(np.abs(rel))),
-                "frac_engine_above": float(np.mean(rel > 1e-9)),
-            }
-    return out
+def _plain(x: Any) -> Any:
+    """Plain JSON types (numpy scalars and arrays converted)."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

@@ -130,41 +130,117 @@ def orbit_spread(*, x: float = 1.0, y: float = 1.0, metric: str = "invariant",
     return out
 
 
-def run(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Fields over a grid plus checks of the paper's Appendix D.1 claims.
+#: Six fixed points of the (g, h) plane the level sets are drawn through (the paper fixes six
+#: but does not list them; these cover both signs of beta = g h and both sides of the minimum).
+DEFAULT_POINTS = ((0.5, 0.5), (1.0, 1.0), (1.6, 1.1), (-0.6, 1.2), (-1.2, -1.5), (1.4, -1.4))
+FIELDS = ("loss", "egrad_norm", "rgrad_norm", "ehess_trace", "rhess_trace")
 
-    ``params``: ``lim`` (grid half-width), ``n_grid`` (even), ``x``, ``y``, ``metric``.
+
+def normalise(z: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """``(z - lo) / (hi - lo)``: the paper's normalisation to [0, 1] over the plotted window."""
+    if not hi > lo:
+        raise ValueError(f"cannot normalise a field that is constant on the window (min = max = {lo})")
+    return (np.asarray(z) - lo) / (hi - lo)
+
+
+def run(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields over the window, normalised to [0, 1], level values through six fixed points,
+    and the paper's Appendix D.1 claims measured on the normalised fields.
+
+    ``params``: ``lim`` (window ``[-lim, lim]^2``), ``n_grid`` (even), ``x``, ``y``,
+    ``metric``, ``points`` (six ``[g, h]``; default :data:`DEFAULT_POINTS`).
     """
     lim, n = float(params.get("lim", 2.0)), int(params.get("n_grid", 200))
     x, y = float(params.get("x", 1.0)), float(params.get("y", 1.0))
     metric = params.get("metric", "invariant")
+    pts = np.asarray(params.get("points", DEFAULT_POINTS), float)
+    if pts.shape != (6, 2):
+        raise ValueError(f"points must be six (g, h) pairs, got shape {pts.shape}")
+    if np.any(np.abs(pts) > lim) or np.any(pts == 0):
+        raise ValueError(f"every fixed point must lie in the window [-{lim}, {lim}]^2 with g, h != 0")
     gs = _grid(lim, n)
     Gm, Hm = np.meshgrid(gs, gs, indexing="xy")
     f = toy_fields(Gm, Hm, x=x, y=y, metric=metric)
+    fp = toy_fields(pts[:, 0], pts[:, 1], x=x, y=y, metric=metric)
+    # the window's range: grid and fixed points (the points lie inside the window)
+    rng_ = {k: (float(min(f[k].min(), fp[k].min())), float(max(f[k].max(), fp[k].max()))) for k in FIELDS}
+    fn = {k: normalise(f[k], *rng_[k]) for k in FIELDS}
+    fpn = {k: normalise(fp[k], *rng_[k]) for k in FIELDS}
+    levels = {k: sorted({float(v) for v in np.round(fpn[k], 12)}) for k in FIELDS}
 
-    # points on the minimum set g h x = y (one branch, g > 0)
-    gmin = np.linspace(0.5, lim, 50) if y / x > 0 else -np.linspace(0.5, lim, 50)
+    # points on the minimum set g h x = y (both branches), inside the window
+    gmin = np.concatenate([np.linspace(y / (x * lim), lim, 60), -np.linspace(y / (x * lim), lim, 60)])
     gmin = gmin[np.abs(y / (x * gmin)) <= lim]
     fmin = toy_fields(gmin, y / (x * gmin), x=x, y=y, metric=metric)
+    fminn = {k: normalise(fmin[k], *rng_[k]) for k in FIELDS}
+    beta = Gm * Hm
+    concave = (x * beta > 0) & (x * beta < y / 2)
+    ehess_argmax = np.unravel_index(np.argmax(f["ehess_trace"]), f["ehess_trace"].shape)
     checks = {
         "orbit_spread": orbit_spread(x=x, y=y, metric=metric),
-        "fraction_riemannian_below_euclidean": {
+        "fraction_riemannian_below_euclidean_normalised": {
+            "grad_norm": float(np.mean(fn["rgrad_norm"] < fn["egrad_norm"])),
+            "hess_trace": float(np.mean(fn["rhess_trace"] < fn["ehess_trace"])),
+        },
+        "fraction_riemannian_below_euclidean_raw": {
             "grad_norm": float(np.mean(f["rgrad_norm"] < f["egrad_norm"])),
             "hess_trace": float(np.mean(f["rhess_trace"] < f["ehess_trace"])),
         },
-        "at_minimum": {
-            "loss_max": float(fmin["loss"].max()),
-            "rhess_trace_min": float(fmin["rhess_trace"].min()),
-            "rhess_trace_max": float(fmin["rhess_trace"].max()),
-            "ehess_trace_min": float(fmin["ehess_trace"].min()),
-            "ehess_trace_max": float(fmin["ehess_trace"].max()),
-        },
-        "ehess_trace_grid_max": float(f["ehess_trace"].max()),
-        "ehess_trace_grid_max_at_minimum_set": bool(
-            np.isclose(f["loss"].ravel()[np.argmax(f["ehess_trace"])], 0.0, atol=1e-2)),
-        "rhess_trace_grid_min": float(f["rhess_trace"].min()),
+        "at_minimum_normalised": {k: [float(fminn[k].min()), float(fminn[k].max())] for k in FIELDS},
+        "at_minimum_raw": {k: [float(fmin[k].min()), float(fmin[k].max())] for k in FIELDS},
+        "window_range_raw": rng_,
+        "ehess_trace_argmax": {"g": float(Gm[ehess_argmax]), "h": float(Hm[ehess_argmax]),
+                               "loss": float(f["loss"][ehess_argmax])},
+        "rhess_trace_negative_fraction": float(np.mean(f["rhess_trace"] < 0)),
+        "rhess_trace_negative_iff_concave_region": bool(np.array_equal(f["rhess_trace"] < 0, concave)),
+        "ehess_trace_min_raw": float(f["ehess_trace"].min()),
         "rhess_vertical_max_abs": float(np.abs(f["rhess_vertical"]).max()),
         "horizontal_residual_max": float(f["horizontal_residual"].max()),
+        "points": pts.tolist(),
+        "points_normalised": {k: [float(v) for v in fpn[k]] for k in FIELDS},
     }
-    return {"g": gs, "h": gs, "G": Gm, "H": Hm, "fields": f, "minimum": {"g": gmin, **fmin},
-            "checks": checks, "x": x, "y": y, "metric": metric}
+    return {"g": gs, "h": gs, "G": Gm, "H": Hm, "fields": f, "normalised": fn, "levels": levels,
+            "points": pts, "minimum": {"g": gmin, **fmin}, "checks": checks, "claims": claims(checks),
+            "x": x, "y": y, "metric": metric, "lim": lim}
+
+
+def claims(c: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The paper's Appendix D.1 claims (a)-(d), each with the numbers that decide it.
+
+    (a) Riemannian gradient norm and Hessian trace have the loss's level sets;
+    (b) both are smaller than their Euclidean counterparts throughout (normalised);
+    (c) the Riemannian trace reaches 0 at the minimum, the Euclidean one is largest there;
+    (d) the Euclidean trace cannot tell a minimum from a maximum, the Riemannian can.
+    """
+    sp = c["orbit_spread"]
+    fr = c["fraction_riemannian_below_euclidean_normalised"]
+    at = c["at_minimum_normalised"]
+    e_at_min_max = at["ehess_trace"][1]
+    return {
+        "a_level_sets_follow_loss": {
+            "holds": bool(sp["rgrad_norm"] < 1e-10 and sp["rhess_trace"] < 1e-10
+                          and sp["egrad_norm"] > 1e-2 and sp["ehess_trace"] > 1e-2),
+            "evidence": {k: sp[k] for k in ("rgrad_norm", "rhess_trace", "egrad_norm", "ehess_trace")}},
+        "b_riemannian_smaller_throughout": {
+            "holds": bool(fr["grad_norm"] == 1.0 and fr["hess_trace"] == 1.0),
+            "evidence": fr},
+        "c_riemannian_trace_zero_at_minimum": {
+            "holds": bool(at["rhess_trace"][1] < 1e-8),
+            "evidence": {"normalised_on_minimum_set": at["rhess_trace"],
+                         "raw_on_minimum_set": c["at_minimum_raw"]["rhess_trace"]}},
+        "c_euclidean_trace_largest_at_minimum": {
+            "holds": bool(e_at_min_max >= 1.0 - 1e-8),
+            "evidence": {"normalised_on_minimum_set": at["ehess_trace"], "argmax": c["ehess_trace_argmax"]}},
+        "d_riemannian_sign_separates_concave_region": {
+            "holds": bool(c["rhess_trace_negative_iff_concave_region"] and c["ehess_trace_min_raw"] >= 0),
+            "evidence": {"rhess_negative_fraction": c["rhess_trace_negative_fraction"],
+                         "ehess_min_raw": c["ehess_trace_min_raw"]}},
+    }
+
+
+def summary_metrics(res: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's metrics JSON."""
+    return {"checks": res["checks"], "claims": {k: v["holds"] for k, v in res["claims"].items()},
+            "claims_evidence": {k: v["evidence"] for k, v in res["claims"].items()},
+            "levels": res["levels"], "x": res["x"], "y": res["y"], "metric": res["metric"],
+            "lim": res["lim"], "n_grid": int(res["g"].size)}
