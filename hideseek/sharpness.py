@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.profiler import record_function
+from torch.profiler import record_function
 from torch.func import functional_call
 
 from .geometry.space import ProductGeometry

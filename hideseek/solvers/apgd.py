@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor
-from torch.autograd.profiler import record_function
+from torch.profiler import record_function
 
 Objective = Callable[[list[Tensor]], tuple[Tensor, list[Tensor]]]
 
