@@ -7,6 +7,7 @@ A :class:`SymmetryBlock` owns a set of parameters *entirely*.  ``split`` turns a
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -135,12 +136,24 @@ def out_proj_from_heads(H: Tensor) -> Tensor:
     return H.permute(1, 0, 2).reshape(out, heads * width)
 
 
+@functools.lru_cache(maxsize=None)
+def _index_tensor(index: tuple, device: torch.device) -> Tensor:
+    return torch.tensor(index, dtype=torch.long, device=device)
+
+
 def _select(index, rows):
     if index is not None:
-        return torch.tensor(index, dtype=torch.long)
+        return index
     if rows is not None:
         return slice(rows[0], rows[1])
     return None
+
+
+def _take(t: Tensor, sel) -> Tensor:
+    """``t[sel]`` for ``sel`` None, a slice, or a tuple of row indices."""
+    if sel is None:
+        return t
+    return t[_index_tensor(sel, t.device)] if isinstance(sel, tuple) else t[sel]
 
 
 @dataclass(frozen=True)
@@ -173,25 +186,39 @@ class LinearRef:
     def get(self, params: Mapping[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         w = params[self.weight]
         w = w.T if self.transposed else w
-        sel = self.weight_sel()
-        w = w if sel is None else w[sel]
-        b = None
-        if self.bias is not None:
-            b, sel = params[self.bias], self.bias_sel()
-            b = b if sel is None else b[sel]
+        w = _take(w, self.weight_sel())
+        b = _take(params[self.bias], self.bias_sel()) if self.bias is not None else None
         return w, b
 
 
 class _Pieces:
-    """Row pieces of (possibly packed) parameters, put back together by :meth:`assemble`."""
+    """Row pieces of (possibly packed) parameters, put back together by :meth:`assemble`.
 
-    def __init__(self) -> None:
+    ``perms`` caches, per parameter, the row permutation that puts the concatenated pieces
+    in place (``None``: already in order); it is computed, and the pieces checked to cover
+    the parameter exactly once, on first use."""
+
+    def __init__(self, perms: dict) -> None:
         self.items: dict[str, list[tuple[object, Tensor]]] = {}
         self.transposed: dict[str, bool] = {}
+        self.perms = perms
 
     def add(self, name: str, sel, tensor: Tensor, transposed: bool = False) -> None:
         self.items.setdefault(name, []).append((sel, tensor))
         self.transposed[name] = transposed
+
+    def _perm(self, name: str, items) -> Tensor | None:
+        if name not in self.perms:
+            total = sum(t.shape[0] for _, t in items)
+            pos = torch.cat([_take(torch.arange(total), s) for s, _ in items])
+            if len(pos) != total or not torch.equal(torch.sort(pos).values, torch.arange(total)):
+                raise UnsupportedAttentionError(f"{name}: the declared rows do not cover the packed "
+                                                "parameter exactly once")
+            self.perms[name] = None if torch.equal(pos, torch.arange(total)) else torch.argsort(pos)
+        perm = self.perms[name]
+        if perm is not None and perm.device != items[0][1].device:
+            perm = self.perms[name] = perm.to(items[0][1].device)
+        return perm
 
     def assemble(self) -> dict[str, Tensor]:
         out = {}
@@ -199,15 +226,10 @@ class _Pieces:
             if len(items) == 1 and items[0][0] is None:
                 t = items[0][1]
             else:
-                total = sum(t.shape[0] for _, t in items)
-                pos = torch.cat([torch.arange(total)[s] if s is not None else torch.arange(total)
-                                 for s, _ in items])
-                if sorted(pos.tolist()) != list(range(total)):
-                    raise ValueError(f"{name}: the declared rows do not cover the packed parameter "
-                                     "exactly once")
                 t = torch.cat([t for _, t in items], dim=0)
-                if not torch.equal(pos, torch.arange(total)):
-                    t = t[torch.argsort(pos)]
+                perm = self._perm(name, items)
+                if perm is not None:
+                    t = t[perm]
             out[name] = t.T if self.transposed[name] else t
         return out
 
@@ -294,10 +316,13 @@ class AttentionBlock(SymmetryBlock):
         nk = sum(r.get(params)[0].shape[1] + (r.bias is not None) for r in (self.k, *self.k_extra))
         self._in_rows = {r: r.get(params)[0].shape[1]
                          for r in (self.q, self.k, self.v, *self.q_extra, *self.k_extra)}
+        self._perms: dict = {}
         self.groups = (
             PairGroup("qk", KV, k * nq, nk, dk, self.rotary, self.rotary_free, k),
             PairGroup("vo", KV, wv.shape[1] + (bv is not None), k * wo.shape[0], dv, (), (), k),
         )
+        with torch.no_grad():
+            self.merge(self.split(params))     # checks packed rows are covered exactly once
         return self
 
     def split(self, params):
@@ -314,7 +339,7 @@ class AttentionBlock(SymmetryBlock):
     def merge(self, pairs):
         (Gq, Hk), (Gv, Ho) = pairs
         KV, H = self.kv_heads, self.heads
-        pieces = _Pieces()
+        pieces = _Pieces(self._perms)
         Gq = Gq.reshape(H, Gq.shape[1] // self.group_size, Gq.shape[2])
         for M, refs, heads in ((Gq, (self.q, *self.q_extra), H), (Hk, (self.k, *self.k_extra), KV),
                                (Gv, (self.v,), KV)):
