@@ -424,7 +424,7 @@ def built():
 
 
 def rel(a, b):
-    return float((a - b).abs().max() / b.abs().max())
+    return float((a - b).detach().abs().max() / b.detach().abs().max())
 
 
 @pytest.mark.parametrize("fam", FAMILIES, ids=ids)
@@ -594,3 +594,46 @@ def test_refusals_name_the_feature(name, build, pattern):
     assert len(modules) == len(set(modules)), "a module is reported twice"
     assert all(__import__("re").search(pattern, ln) for ln in lines), "contradictory reasons"
     assert find_symmetries(model, on_unsupported="adaptive") == []
+
+
+# ----------------------------------------------------------------------------- families supported before
+TXT = {"input_ids": torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))}
+IMG = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+SMALL_ENC = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=32, max_position_embeddings=32)
+EARLIER = [
+    ("roberta", lambda: tr.RobertaModel(tr.RobertaConfig(**SMALL_ENC)), TXT, 2),
+    ("electra", lambda: tr.ElectraModel(tr.ElectraConfig(**SMALL_ENC, embedding_size=16)), TXT, 2),
+    ("distilbert", lambda: tr.DistilBertModel(tr.DistilBertConfig(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=4,
+                                                                  hidden_dim=32, max_position_embeddings=32)), TXT, 2),
+    ("bart", lambda: tr.BartModel(tr.BartConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                encoder_attention_heads=4, decoder_attention_heads=4,
+                                                encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                                max_position_embeddings=32)), TXT, 3),
+    ("deit", lambda: tr.DeiTModel(tr.DeiTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                                intermediate_size=32, image_size=8, patch_size=4)), IMG, 2),
+    ("swin", lambda: tr.SwinModel(tr.SwinConfig(image_size=8, patch_size=2, embed_dim=8, depths=[1, 1],
+                                                num_heads=[2, 4], window_size=2)), IMG, 2),
+    ("hf_clip_text", lambda: tr.CLIPTextModel(tr.CLIPTextConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                                                                num_hidden_layers=2, num_attention_heads=4,
+                                                                max_position_embeddings=32)), TXT, 2),
+    ("transformer_encoder", lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2,
+                                                          enable_nested_tensor=False),
+     torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64), 2),
+]
+
+
+@pytest.mark.parametrize("name,build,x,n_blocks", EARLIER, ids=[e[0] for e in EARLIER])
+def test_earlier_families_still_found_and_invariant(name, build, x, n_blocks):
+    torch.manual_seed(0)
+    model = build().double().eval()
+
+    def run(m):
+        out = m(**x) if isinstance(x, dict) else m(x)
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out
+
+    blocks = find_symmetries(model)
+    assert len(blocks) == n_blocks and all(g.group_name == f"GL({g.h})" for b in blocks for g in b.groups)
+    moved = apply_random_action(copy.deepcopy(model), blocks, generator=torch.Generator().manual_seed(1),
+                                log_cond=1.5)
+    assert rel(run(moved), run(model)) < 1e-10
