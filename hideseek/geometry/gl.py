@@ -19,7 +19,7 @@ projection is horizontal up to O(ε).
 The point is fixed during a sharpness computation, so :class:`PairGeometry` precomputes
 everything that depends only on it (Gram matrices, inverses, the eigen-decompositions that
 turn the Sylvester solve into matrix products), in float64, and then works in the dtype of
-the inputs.  See ``docs`` / MATH.md §1–6 for the formulas.
+the inputs.  See docs/maths.md §1–5 for the formulas.
 """
 from __future__ import annotations
 
