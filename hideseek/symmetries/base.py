@@ -247,8 +247,8 @@ class AttentionBlock(SymmetryBlock):
     The function uses only ``G Hᵀ`` per pair, so ``(G A, H A⁻ᵀ)`` leaves it unchanged; plain
     multi-head attention is ``kv_heads = heads``.  (§12 writes the query/key pair the other
     way round, ``(W_K, [W_Q…])``: the same group with ``A ↦ A⁻ᵀ``; queries stay in ``G`` here
-    as in §1.2, so that ``k = 1`` is exactly multi-head attention.)  ``rotary`` / ``rotary_free`` restrict the
-    query/key group to the rotary subgroup (see :class:`PairGroup`).  ``q_extra`` / ``k_extra``:
+    as in §1.2, so that ``k = 1`` is exactly multi-head attention.)  ``rotary`` /
+    ``rotary_free`` restrict the query/key group to the rotary subgroup (:class:`PairGroup`).  ``q_extra`` / ``k_extra``:
     further projections whose outputs meet the keys / queries in scores (DeBERTa-v2's
     position projections ``pos_query_proj`` / ``pos_key_proj``).  The output bias is in no pair.
     """
@@ -261,7 +261,6 @@ class AttentionBlock(SymmetryBlock):
     o_weight: str
     param_names: tuple[str, ...] = field(init=False)
     groups: tuple[PairGroup, ...] = field(init=False)
-    shapes: dict = field(default_factory=dict)
     kv_heads: int | None = None
     o_transposed: bool = False
     rotary: tuple[tuple[int, int], ...] = ()

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .base import AttentionBlock, LinearRef, SymmetryBlock, UnsupportedAttentionError
-from .declare import AttentionSpec, declared_spec, rotary_columns, _is_conv1d
+from .declare import AttentionSpec, _is_conv1d, declared_spec
 
 __all__ = ["UnsupportedAttentionError", "find_symmetries"]
 
