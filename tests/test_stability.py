@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from companion.experiments import language_zoo as lz
 from companion.experiments import stability as st
 
 TINY = {   # large steps, no hidden dropout: tiny members that differ (so tau is defined)
@@ -23,6 +24,9 @@ def test_zoo_seeds_differ_and_never_overlap():
     assert (a.pretrain.seed, a.finetune.base_seed) == (5, 7)
     assert (b.pretrain.seed, b.finetune.base_seed) == (7, 207)
     assert a.corpus == b.corpus and a.model == b.model        # only the seeds differ
+    c = st.zoo_spec(TINY, 2, 100, vary_pretrain=False, shared_pretrained="z0/pretrained")
+    assert (c.pretrain.seed, c.finetune.base_seed, c.base) == (5, 207, "z0/pretrained")
+    assert st.zoo_spec(TINY, 0, 100, vary_pretrain=False).base == "scratch"
     with pytest.raises(ValueError, match="share seeds"):
         st.zoo_spec(TINY, 1, 3)
 
@@ -33,6 +37,8 @@ def test_run_stability(tmp_path):
     assert set(taus["measure"]) == {"adaptive", "geodesic_mixed", "relative_flatness"}
     assert len(taus) == 2 * 3 * 2 and set(taus["zoo"]) == {0, 1}
     assert sorted(members.groupby("zoo")["seed"].min()) == [7, 107]
+    # zoo 1 fine-tuned zoo 0's pre-trained model (shared, as McCoy et al.'s runs)
+    assert lz.load_zoo(tmp_path / "zoo_1")["pretrain"]["base"] == str(tmp_path / "zoo_0" / "pretrained")
     # the gaps are the recorded errors' differences
     np.testing.assert_allclose(members["gap_in_distribution"], members["dev_error"] - members["train_error"])
     np.testing.assert_allclose(members["gap_hans"], members["test_error"] - members["train_error"])

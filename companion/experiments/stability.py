@@ -1,9 +1,10 @@
 """How much of the language zoo's Kendall tau is the zoo's draw: tau over independently seeded zoos.
 
 The language row of Table 1 rests on one zoo: one pre-training seed and one block of
-fine-tuning seeds.  This module trains ``n_zoos`` zoos that differ only in those seeds
-(same corpus, same recipe; zoo ``j`` uses pre-training seed ``pretrain_seed + j`` and
-fine-tuning seeds ``base_seed + j·stride + i``) and reports, for each zoo and each measure,
+fine-tuning seeds.  This module trains ``n_zoos`` zoos that differ only in their
+fine-tuning seeds (same corpus, same recipe; zoo ``j`` uses seeds ``base_seed + j·stride +
+i``), from one shared pre-trained model as McCoy et al.'s 100 runs share one BERT, or with
+``vary_pretrain`` also from its own pre-training seed ``pretrain_seed + j``; and reports, for each zoo and each measure,
 Kendall tau between the measure and the generalisation gap over all members of that zoo,
 at a radius fixed in advance (no per-zoo selection), for the in-distribution gap (dev −
 train, the paper's) and the HANS-like gap (test − train).  The spread of tau across zoos
@@ -16,7 +17,7 @@ Command line (a DVC stage of its own, ``language_stability``)::
 
 reads ``params.yaml`` section ``language_stability`` (sub-dict of the profile): ``zoo``
 (a ``language_train`` profile dict, the recipe; its ``finetune.n_models`` is the zoo size),
-``n_zoos``, ``seed_stride``, ``n_points``, ``batch_size``, ``data_seed``, ``n_iters``,
+``n_zoos``, ``seed_stride``, ``vary_pretrain``, ``n_points``, ``batch_size``, ``data_seed``, ``n_iters``,
 ``seed``, ``rho`` (one radius per measure of
 :data:`companion.experiments.zoo.STANDARD_MEASURES`), ``relative_flatness`` (bool),
 ``n_boot``, ``threads``.
@@ -36,16 +37,23 @@ from companion.experiments import language_zoo as lz
 GAPS = {"gap_in_distribution": ("dev_error", "train_error"), "gap_hans": ("test_error", "train_error")}
 
 
-def zoo_spec(base: Mapping[str, Any], j: int, stride: int) -> "lz.ZooSpec":
-    """The recipe ``base`` with zoo ``j``'s seeds: pre-training ``seed + j``, fine-tuning
-    ``base_seed + j·stride`` (``stride`` ≥ the zoo size, so no two zoos share a seed)."""
+def zoo_spec(base: Mapping[str, Any], j: int, stride: int, *, vary_pretrain: bool = True,
+             shared_pretrained: str | Path | None = None) -> "lz.ZooSpec":
+    """The recipe ``base`` with zoo ``j``'s seeds: fine-tuning ``base_seed + j·stride``
+    (``stride`` ≥ the zoo size, so no two zoos share a seed); pre-training ``seed + j`` when
+    ``vary_pretrain``, else zoo ``j ≥ 1`` fine-tunes ``shared_pretrained`` (zoo 0's model)."""
     d = json.loads(json.dumps(dict(base)))
     d.pop("threads", None)
     pre, ft = d.setdefault("pretrain", {}), d.setdefault("finetune", {})
     n_models = int(ft.get("n_models", lz.FinetuneSpec.n_models))
     if stride < n_models:
         raise ValueError(f"seed_stride={stride} is smaller than the zoo size {n_models}: zoos would share seeds")
-    pre["seed"] = int(pre.get("seed", lz.PretrainSpec.seed)) + j
+    if vary_pretrain:
+        pre["seed"] = int(pre.get("seed", lz.PretrainSpec.seed)) + j
+    elif j > 0:
+        if shared_pretrained is None:
+            raise ValueError("zoos that share the pre-trained model need its folder (shared_pretrained)")
+        d["base"] = str(shared_pretrained)
     ft["base_seed"] = int(ft.get("base_seed", lz.FinetuneSpec.base_seed)) + j * stride
     return lz.ZooSpec.from_dict(d)
 
@@ -133,7 +141,8 @@ def run_stability(params: Mapping[str, Any], out_dir: str | Path, *, progress: b
     all_taus, all_members, seconds = [], [], {}
     for j in range(n_zoos):
         zdir = out / f"zoo_{j}"
-        spec = zoo_spec(p["zoo"], j, stride)
+        spec = zoo_spec(p["zoo"], j, stride, vary_pretrain=bool(p.get("vary_pretrain", False)),
+                        shared_pretrained=out / "zoo_0" / "pretrained")
         t0 = time.perf_counter()
         if train or not (zdir / "zoo.json").is_file():
             zoo = lz.train_zoo(spec, zdir, progress=progress)
