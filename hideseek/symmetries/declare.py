@@ -72,11 +72,12 @@ class AttentionSpec:
     k_extra: tuple = ()
 
     def __post_init__(self) -> None:
+        """Inconsistent declarations raise :class:`UnsupportedAttentionError` (a ``ValueError``)."""
         where = f"attention {self.module!r}"
         if not isinstance(self.heads, int) or self.heads <= 0:
-            raise ValueError(f"{where}: heads must be a positive int, got {self.heads!r}")
+            raise UnsupportedAttentionError(f"{where}: heads must be a positive int, got {self.heads!r}")
         if self.kv_heads is not None and (self.kv_heads <= 0 or self.heads % self.kv_heads):
-            raise ValueError(f"{where}: kv_heads={self.kv_heads} must divide heads={self.heads}")
+            raise UnsupportedAttentionError(f"{where}: kv_heads={self.kv_heads} must divide heads={self.heads}")
         separate = (self.q is not None, self.k is not None, self.v is not None)
         if self.qkv is not None:
             ok = not any(separate) and self.kv is None
@@ -85,15 +86,15 @@ class AttentionSpec:
         else:
             ok = all(separate)
         if not ok:
-            raise ValueError(f"{where}: give either q, k and v, or qkv (packed), or q and kv")
+            raise UnsupportedAttentionError(f"{where}: give either q, k and v, or qkv (packed), or q and kv")
         if self.layout not in LAYOUTS:
-            raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {self.layout!r}")
+            raise UnsupportedAttentionError(f"{where}: layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "per_head" and self.kv_heads not in (None, self.heads):
-            raise ValueError(f"{where}: layout='per_head' is only defined without grouped keys/values")
+            raise UnsupportedAttentionError(f"{where}: layout='per_head' is only defined without grouped keys/values")
         if self.rotary_dims < 0 or self.rotary_dims % 2:
-            raise ValueError(f"{where}: rotary_dims must be even and ≥ 0, got {self.rotary_dims}")
+            raise UnsupportedAttentionError(f"{where}: rotary_dims must be even and ≥ 0, got {self.rotary_dims}")
         if isinstance(self.rotary_pairing, str) and self.rotary_pairing not in ("half", "adjacent"):
-            raise ValueError(f"{where}: rotary_pairing must be 'half', 'adjacent' or explicit "
+            raise UnsupportedAttentionError(f"{where}: rotary_pairing must be 'half', 'adjacent' or explicit "
                              f"column pairs, got {self.rotary_pairing!r}")
 
     # ------------------------------------------------------------------ resolving names
