@@ -1,10 +1,9 @@
 """Command line: ``hideseek sharpness …`` and ``hideseek symmetries …``.
 
 Models: a saved HuggingFace directory (``--hf DIR``, loaded offline) or a model-soups style
-open_clip checkpoint (``--open-clip FILE``: CLIP image tower + linear head).  Data: a
-``.pt`` file holding ``{"inputs": tensor or dict of tensors, "labels": tensor}`` (or an
-``.npz`` with ``labels`` and either ``inputs`` or the keyword arrays), split along the first
-dimension into batches.
+open_clip checkpoint (``--open-clip FILE``: CLIP image tower + linear head).  Data: see
+:data:`DATA_FORMAT`.  Every bad file or argument is reported as one line on stderr with exit
+status 2.
 """
 from __future__ import annotations
 
@@ -21,14 +20,41 @@ from .sharpness import SharpnessInputError, sharpness
 from .symmetries.discover import UnsupportedAttentionError, find_symmetries
 
 
+DATA_FORMAT = """\
+data file (--data):
+  .pt   written by torch.save({'inputs': X, 'labels': y}, path), where y is a tensor of N
+        labels (class indices; not a list) and X is a tensor with N rows (passed to the model
+        positionally) or a dict of tensors with N rows each (passed as keyword arguments,
+        e.g. {'input_ids': ..., 'attention_mask': ...} for a Hugging Face model).
+  .npz  written by numpy.savez(path, labels=y, inputs=X) or numpy.savez(path, labels=y,
+        input_ids=..., attention_mask=...) (every array but 'labels' is a keyword input).
+  Rows are split into batches of --batch-size in file order; inputs and labels must have
+  the same number of rows.
+"""
+
+
 class CLIError(Exception):
     pass
+
+
+def _check_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise CLIError(f"--device {device}: not a torch device ({err})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError(f"--device {device}: no CUDA GPU is available here (torch.cuda.is_available() "
+                       "is False); use --device cpu")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise CLIError(f"--device {device}: the MPS backend is not available here; use --device cpu")
+    return dev
 
 
 def load_model(args) -> torch.nn.Module:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if bool(args.hf) == bool(args.open_clip):
         raise CLIError("give exactly one of --hf DIR or --open-clip FILE")
+    device = _check_device(args.device)
     if args.hf:
         import transformers
         path = Path(args.hf)
@@ -43,31 +69,79 @@ def load_model(args) -> torch.nn.Module:
         else:
             raise CLIError(f"--hf {path}: architectures {archs or '(none)'} is not a classifier; "
                            "use the Python API with your own loss_fn")
-        model = cls.from_pretrained(path, local_files_only=True)
+        hf_log = transformers.utils.logging
+        bar, verbosity = hf_log.is_progress_bar_enabled(), hf_log.get_verbosity()
+        if getattr(args, "quiet", False):
+            hf_log.disable_progress_bar()
+            hf_log.set_verbosity_error()
+        try:
+            model = cls.from_pretrained(path, local_files_only=True)
+        finally:
+            hf_log.set_verbosity(verbosity)
+            hf_log.enable_progress_bar() if bar else hf_log.disable_progress_bar()
     else:
         from .open_clip_finetune import load_clip_finetune
-        model = load_clip_finetune(args.open_clip, expect=None, num_classes=None)
-    return model.to(args.device).eval()
+        if not Path(args.open_clip).is_file():
+            raise CLIError(f"--open-clip {args.open_clip}: no such file")
+        try:
+            model = load_clip_finetune(args.open_clip, expect=None, num_classes=None)
+        except ValueError as err:   # CheckpointError: wrong or unreadable file
+            raise CLIError(f"--open-clip {args.open_clip}: not a model-soups CLIP fine-tune: {err}") from None
+    return model.to(device).eval()
+
+
+def _rows(name: str, v) -> int:
+    if not isinstance(v, torch.Tensor):
+        raise CLIError(f"{name} is a {type(v).__name__}, not a tensor; save tensors "
+                       f"(e.g. torch.tensor(...)) — see hideseek sharpness --help")
+    if v.dim() == 0:
+        raise CLIError(f"{name} is a 0-dimensional tensor; it needs one row per example")
+    return v.shape[0]
 
 
 def load_batches(path: str, batch_size: int, max_batches: int | None):
+    """``[(inputs, labels), …]`` from a data file (format: :data:`DATA_FORMAT`)."""
     p = Path(path)
     if not p.is_file():
         raise CLIError(f"--data {p}: no such file")
+    if batch_size < 1:
+        raise CLIError(f"--batch-size must be at least 1, got {batch_size}")
+    if max_batches is not None and max_batches < 1:
+        raise CLIError(f"--max-batches must be at least 1, got {max_batches}")
     if p.suffix == ".npz":
         import numpy as np
-        arrays = dict(np.load(p))
+        try:
+            arrays = dict(np.load(p, allow_pickle=False))
+        except Exception as err:  # noqa: BLE001 (any unreadable file is the same user error)
+            raise CLIError(f"--data {p}: not a readable .npz file ({type(err).__name__}: {err})") from None
         if "labels" not in arrays:
             raise CLIError(f"--data {p}: the .npz has no 'labels' array (keys: {sorted(arrays)})")
         labels = torch.from_numpy(arrays.pop("labels"))
         inputs = torch.from_numpy(arrays["inputs"]) if set(arrays) == {"inputs"} else \
             {k: torch.from_numpy(v) for k, v in arrays.items()}
     else:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 (pickle, zip, unpickling-policy errors alike)
+            raise CLIError(f"--data {p}: torch.load(weights_only=True) cannot read it ({type(err).__name__}); "
+                           "it must be written by torch.save and hold only tensors in a dict — see "
+                           "hideseek sharpness --help for the format") from None
         if not isinstance(obj, dict) or "inputs" not in obj or "labels" not in obj:
             raise CLIError(f"--data {p}: expected a dict with 'inputs' and 'labels' (torch.save)")
         inputs, labels = obj["inputs"], obj["labels"]
-    n = labels.shape[0]
+    n = _rows(f"--data {p}: 'labels'", labels)
+    if isinstance(inputs, dict):
+        if not inputs:
+            raise CLIError(f"--data {p}: 'inputs' is an empty dict")
+        counts = {k: _rows(f"--data {p}: inputs[{k!r}]", v) for k, v in inputs.items()}
+    else:
+        counts = {"inputs": _rows(f"--data {p}: 'inputs'", inputs)}
+    bad = {k: c for k, c in counts.items() if c != n}
+    if bad:
+        k, c = next(iter(bad.items()))
+        raise CLIError(f"--data {p}: {c} inputs ({k}) but {n} labels; every input needs one label")
+    if n == 0:
+        raise CLIError(f"--data {p}: no examples (0 labels)")
     out = []
     for start in range(0, n, batch_size):
         sl = slice(start, min(n, start + batch_size))
@@ -88,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hideseek", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sp = sub.add_parser("sharpness", help="geodesic or adaptive sharpness of a model on a data file")
+    sp = sub.add_parser("sharpness", help="geodesic or adaptive sharpness of a model on a data file",
+                        epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_model_args(sp)
-    sp.add_argument("--data", required=True, help=".pt or .npz with inputs and labels")
+    sp.add_argument("--data", required=True, help=".pt (torch.save) or .npz file with inputs and labels "
+                    "(format below)")
     sp.add_argument("--batch-size", type=int, default=128)
     sp.add_argument("--max-batches", type=int, default=None)
     sp.add_argument("--measure", default="geodesic",
@@ -109,33 +185,51 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
                     help="forward/backward passes in this dtype (float32 models; geometry stays float32)")
     sp.add_argument("--out", help="write the result as JSON here")
+    sp.add_argument("--quiet", action="store_true",
+                    help="no progress bar and no messages: only the result line (errors still go to stderr)")
     sy = sub.add_parser("symmetries", help="list the GL(h) pairs hideseek finds in a model")
     _add_model_args(sy)
     args = ap.parse_args(argv)
     try:
-        # the measure first: a bad one is reported before any model is loaded
-        measure = None if args.cmd != "sharpness" else Measure.from_keywords(
-            args.measure, metric=args.metric, norm=args.norm,
-            christoffel=False if args.no_christoffel else None, eps=args.eps, p=args.p)
+        # the measure and the data first: reported before any (large) model is loaded
+        measure = batches = None
+        if args.cmd == "sharpness":
+            if not args.rho > 0:
+                raise CLIError(f"--rho must be a positive number, got {args.rho}")
+            if args.n_iters < 1:
+                raise CLIError(f"--n-iters must be at least 1, got {args.n_iters}")
+            measure = Measure.from_keywords(
+                args.measure, metric=args.metric, norm=args.norm,
+                christoffel=False if args.no_christoffel else None, eps=args.eps, p=args.p)
+            batches = load_batches(args.data, args.batch_size, args.max_batches)
         model = load_model(args)
         if args.cmd == "symmetries":
             for blk in find_symmetries(model):
                 for d in blk.describe():
-                    print(f"{d['module']:<60} {d['kind']:>3}  {d['heads']:>3} heads × GL({d['head_width']})  "
+                    print(f"{d['module']:<60} {d['kind']:>3}  {d['heads']:>3} heads × {d.get('group', 'GL(%d)' % d['head_width'])}  "
                           f"G {d['G_shape'][0]}×{d['G_shape'][1]}  H {d['H_shape'][0]}×{d['H_shape'][1]}")
             return 0
-        batches = load_batches(args.data, args.batch_size, args.max_batches)
         res = sharpness(model, batches, measure, rho=args.rho, n_iters=args.n_iters, seed=args.seed,
-                        autocast=args.autocast, progress=True)
+                        autocast=args.autocast, progress=not args.quiet)
     except (CLIError, SharpnessInputError, UnsupportedAttentionError, FileNotFoundError, ValueError) as err:
-        print(f"hideseek: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(err)
     print(f"{res.name} (rho={args.rho}, {len(res.per_batch)} batches): {res.value:.6g}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res.to_dict(), indent=2, default=str))
-        print(f"wrote {args.out}")
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res.to_dict(), indent=2, default=str))
+        except OSError as err:
+            return _fail(f"--out {args.out}: cannot write ({err.strerror or err})")
+        if not args.quiet:
+            print(f"wrote {args.out}")
     return 0
+
+
+def _fail(err) -> int:
+    """One line on stderr, exit status 2."""
+    msg = " ".join(str(err).split()) or type(err).__name__
+    print(f"hideseek: error: {msg}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ batch, then the result.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+import numbers
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -68,6 +70,11 @@ class SharpnessResult:
     correction_ratio: list[float] = field(default_factory=list)
     solver: list[SolverResult] = field(default_factory=list, repr=False)
     measure: Measure = field(default_factory=Measure)
+    #: where the worst case lives: the share of the maximiser's squared norm (in the
+    #: measure's own norm) per kind of pair — ``"qk"``, ``"vo"``, ``"qk_rotary"``, user labels
+    #: — and ``"free"`` (every other parameter), summing to 1, averaged over the batches with
+    #: a non-zero maximiser.  Empty for the average case and the ℓ∞ ball.
+    norm_share: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,9 +87,36 @@ class SharpnessInputError(ValueError):
 
 
 # ---------------------------------------------------------------------------- checks
-def _check_model(model: nn.Module) -> None:
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _check_weights(model: nn.Module) -> None:
+    """Always checked (``checks=False`` does not skip it): a module with materialised,
+    full-precision parameters.  Half-precision *weights* give silently wrong numbers —
+    sharpness is a small difference of two nearby losses, and bfloat16 weights round it to
+    exactly 0 — so they are refused; ``autocast=`` runs the passes in half precision instead."""
     if not isinstance(model, nn.Module):
         raise SharpnessInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    params = list(model.named_parameters())
+    if not params:
+        raise SharpnessInputError(f"the model ({type(model).__name__}) has no parameters to perturb")
+    meta = [n for n, p_ in params if p_.is_meta]
+    if meta:
+        raise SharpnessInputError(
+            f"the model's parameters are on the meta device ({len(meta)} of {len(params)}, e.g. {meta[0]!r}): "
+            "they hold no values. Load real weights first (e.g. model.to_empty(device='cpu') then "
+            "load_state_dict, or from_pretrained without a meta device_map)")
+    half = sorted({str(p_.dtype).removeprefix("torch.") for _, p_ in params if p_.dtype in _HALF})
+    if half:
+        first = next(n for n, p_ in params if p_.dtype in _HALF)
+        raise SharpnessInputError(
+            f"the model has {'/'.join(half)} weights (e.g. {first!r}): sharpness is a small difference of "
+            "two losses and half precision weights round it away (bfloat16 weights give exactly 0). "
+            "Keep the weights in float32 (model.float()) and pass autocast='bfloat16' (or 'float16') "
+            "to run the forward and backward passes in half precision")
+
+
+def _check_model(model: nn.Module) -> None:
     training = [n or type(model).__name__ for n, m in model.named_modules() if m.training]
     if training:
         dropouts = [n for n, m in model.named_modules()
@@ -99,22 +133,43 @@ def _check_model(model: nn.Module) -> None:
                                   "check the checkpoint or the training run.")
 
 
-def _check_batches(batches: Iterable) -> list[tuple[Any, Tensor]]:
-    if isinstance(batches, (Tensor, Mapping)):
-        raise SharpnessInputError("batches must be an iterable of (inputs, labels) pairs, e.g. a "
-                                  "DataLoader or [(x, y)], not a single tensor or dict")
-    out = []
-    for i, b in enumerate(batches):
-        if not isinstance(b, (tuple, list)) or len(b) != 2:
+def _is_inputs(x) -> bool:
+    return isinstance(x, (Tensor, Mapping))
+
+
+def _one_batch(i: int, b) -> tuple[Any, Any]:
+    """``(inputs, labels)`` of one batch: a pair, or a dict holding ``"labels"`` (the
+    Hugging Face convention: the other entries are the model's keyword inputs)."""
+    if isinstance(b, Mapping):
+        if "labels" not in b:
             raise SharpnessInputError(
-                f"batch {i} is a {type(b).__name__}{'' if not hasattr(b, '__len__') else f' of length {len(b)}'}; "
-                "each batch must be a pair (inputs, labels), where inputs is a tensor (passed "
-                "positionally) or a dict (passed as keyword arguments)")
-        x, y = b
-        if not isinstance(x, (Tensor, Mapping)):
-            raise SharpnessInputError(f"batch {i}: inputs must be a tensor or a dict of tensors, got "
-                                      f"{type(x).__name__}")
-        out.append((x, y))
+                f"batch {i} is a dict without 'labels' (keys: {sorted(b)[:8]}); each batch must be a "
+                "pair (inputs, labels) or a dict holding the labels under 'labels' (Hugging Face convention)")
+        return {k: v for k, v in b.items() if k != "labels"}, b["labels"]
+    if not isinstance(b, (tuple, list)) or len(b) != 2:
+        raise SharpnessInputError(
+            f"batch {i} is a {type(b).__name__}{'' if not hasattr(b, '__len__') else f' of length {len(b)}'}; "
+            "each batch must be a pair (inputs, labels), where inputs is a tensor (passed "
+            "positionally) or a dict (passed as keyword arguments), or a dict holding 'labels'")
+    x, y = b
+    if not _is_inputs(x):
+        raise SharpnessInputError(f"batch {i}: inputs must be a tensor or a dict of tensors, got "
+                                  f"{type(x).__name__}")
+    return x, y
+
+
+def _check_batches(batches: Iterable) -> list[tuple[Any, Any]]:
+    """The batches as a list of ``(inputs, labels)``.  Accepted: an iterable (list,
+    DataLoader) of pairs or of dicts holding ``"labels"``; one pair ``(inputs, labels)`` or
+    one such dict on its own is one batch."""
+    if isinstance(batches, Tensor):
+        raise SharpnessInputError("batches must be an iterable of (inputs, labels) pairs, e.g. a "
+                                  "DataLoader or [(x, y)], not a single tensor")
+    if isinstance(batches, Mapping) or (isinstance(batches, (tuple, list)) and len(batches) == 2
+                                        and _is_inputs(batches[0]) and isinstance(batches[1], Tensor)
+                                        and not (isinstance(batches[0], Mapping) and "labels" in batches[0])):
+        batches = [batches]
+    out = [_one_batch(i, b) for i, b in enumerate(batches)]
     if not out:
         raise SharpnessInputError("batches is empty")
     return out
@@ -152,27 +207,44 @@ def _autocast_dtype(autocast) -> torch.dtype | None:
 
 
 def _default_loss(out, y: Tensor) -> Tensor:
+    """The model's own ``.loss`` when it returns one (Hugging Face models given
+    ``labels``), else the mean cross-entropy of the logits."""
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, Tensor):
+        return loss
     return F.cross_entropy(_logits(out), y)
+
+
+def _accepts_labels(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes a ``labels`` keyword (Hugging Face task models)."""
+    try:
+        return "labels" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------- set-up
 class _Loss:
     """``loss(params, x, y)``: the model's loss at ``params`` (a functional call), with the
     model's passes under ``torch.autocast`` when asked.  The parameters are computed (the
-    geodesic step) before entering: only the model runs in ``amp_dtype``."""
+    geodesic step) before entering: only the model runs in ``amp_dtype``.  A model whose
+    ``forward`` takes ``labels`` (Hugging Face) gets them, so that its output carries its
+    own ``.loss``."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable, amp_dtype: torch.dtype | None,
                  device: torch.device) -> None:
         self.model, self.loss_fn, self.amp_dtype, self.device = model, loss_fn, amp_dtype, device
+        self.pass_labels = _accepts_labels(model)
         #: the loss is multiplied by this before a backward pass (float16: keep small
         #: gradients from flushing to zero; only the gradient's direction is used)
         self.grad_scale = 1024.0 if amp_dtype == torch.float16 else 1.0
 
     def __call__(self, params: Mapping[str, Tensor], x, y) -> Tensor:
         amp = self.amp_dtype
+        kw = {"labels": y} if self.pass_labels and y is not None else {}
         with torch.autocast(self.device.type, dtype=amp, enabled=amp is not None):
-            out = functional_call(self.model, params, (x,)) if isinstance(x, Tensor) else \
-                functional_call(self.model, params, (), x)
+            out = functional_call(self.model, params, (x,), kw) if isinstance(x, Tensor) else \
+                functional_call(self.model, params, (), {**x, **kw})
             loss = self.loss_fn(out, y)
         return loss.float() if amp is not None and isinstance(loss, Tensor) else loss
 
@@ -188,11 +260,44 @@ class _SetUp:
     setup_grads: dict[str, Tensor]       # its gradient (Auto-PGD's start on batch 0)
 
 
-def _check_settings(measure: Measure, rho: float, n_iters: int) -> None:
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_settings(measure: Measure, rho: float, n_iters: int, n_samples: int | None, seed: int) -> None:
+    """The settings of the computation (the measure checks itself, :class:`Measure`)."""
+    if isinstance(rho, bool) or not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
         raise ValueError(f"rho must be a positive number, got {rho!r}")
+    if not _is_int(seed):
+        raise ValueError(f"seed must be an integer (it seeds random starts and average-case draws), got {seed!r}")
+    if not _is_int(n_iters):
+        raise ValueError(f"n_iters must be an integer, got {n_iters!r}")
+    if n_samples is not None and not _is_int(n_samples):
+        raise ValueError(f"n_samples must be an integer or None, got {n_samples!r}")
     if measure.kind == "worst" and n_iters < 1:
-        raise ValueError("n_iters must be at least 1")
+        raise ValueError(f"n_iters must be at least 1, got {n_iters}")
+    if measure.kind == "average":
+        draws = n_iters if n_samples is None else n_samples
+        if draws < 1:
+            which = "n_iters (the number of draws when n_samples is not given)" if n_samples is None \
+                else "n_samples"
+            raise ValueError(f"the average case needs at least one draw: {which} is {draws}")
+
+
+def _check_exclude(exclude, names: Sequence[str]) -> tuple[str, ...]:
+    """``exclude`` as a tuple of names / prefixes; a single string is one prefix.  Every
+    entry must match a parameter (a typo would silently perturb what it meant to leave out)."""
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    exclude = tuple(exclude)
+    bad = [e for e in exclude if not isinstance(e, str)]
+    if bad:
+        raise ValueError(f"exclude must be parameter names or prefixes (strings), got {bad[0]!r}")
+    for e in exclude:
+        if not any(_excluded(n, (e,)) for n in names):
+            raise ValueError(f"exclude entry {e!r} matches no parameter of the model (names look like "
+                             f"{list(names)[:3]}); give full names or dotted prefixes")
+    return exclude
 
 
 def _check_amp(model: nn.Module, autocast) -> torch.dtype | None:
@@ -340,6 +445,36 @@ def _warn_large_correction(ratios: list[float], rho: float) -> None:
             stacklevel=3)
 
 
+# ---------------------------------------------------------------------------- where
+def norm_share(geometry: ProductGeometry, xi: list[Tensor],
+               blocks: Sequence[SymmetryBlock] = ()) -> dict[str, float]:
+    """Share of ``‖ξ‖²`` (the geometry's own ℓ2 norm) per kind of pair and ``"free"``,
+    summing to 1 (empty when ξ = 0).  ``blocks``: pairs to account for among the geometry's
+    free parameters (the adaptive measure's), see :meth:`ProductGeometry.sqnorm_by_kind`."""
+    parts = geometry.sqnorm_by_kind(xi, blocks)
+    total = sum(parts.values())
+    if not total > 0:
+        return {}
+    return {k: v / total for k, v in parts.items()}
+
+
+def _accounting_blocks(model: nn.Module, measure: Measure, setup: _SetUp) -> list[SymmetryBlock] | None:
+    """Blocks to split the maximiser's norm by (``None``: no share is reported)."""
+    if measure.kind != "worst" or measure.p != "l2":
+        return None
+    if setup.blocks:
+        return []
+    # the adaptive measure: its parameters are all free; account for attention pairs anyway
+    return find_symmetries(model, on_unsupported="adaptive")
+
+
+def _mean_shares(shares: list[dict[str, float]]) -> dict[str, float]:
+    if not shares:
+        return {}
+    keys = sorted({k for s in shares for k in s}, key=lambda k: (k == "free", k))
+    return {k: sum(s.get(k, 0.0) for s in shares) / len(shares) for k in keys}
+
+
 # ---------------------------------------------------------------------------- main
 def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,
               rho: float = 0.1, n_iters: int = 20, seed: int = 0, loss_fn: Callable | None = None,
@@ -359,10 +494,14 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     Parameters
     ----------
     model:
-        In eval mode, finite weights.  Output: a tensor or an object with ``.logits``.
+        In eval mode, finite float32/float64 weights (half-precision weights are refused: use
+        ``autocast=``).  Output: a tensor, an object with ``.logits``, or one with ``.loss``.
     batches:
-        Iterable of ``(inputs, labels)``; ``inputs`` a tensor (passed positionally) or a dict
-        (passed as keyword arguments).  Sharpness is computed per batch and averaged.
+        Iterable (list, ``DataLoader``) of ``(inputs, labels)``; ``inputs`` a tensor (passed
+        positionally) or a dict (passed as keyword arguments).  A batch may also be a dict
+        holding ``"labels"`` (Hugging Face convention; the other entries are the inputs).
+        One pair or one such dict on its own is one batch.  Sharpness is computed per batch
+        and averaged.
     measure:
         A :class:`~hideseek.measures.Measure`, or its name (``"geodesic_mixed"``,
         ``"m_apgd_linf"``, ``"avg_l2"``, ``"geodesic_invariant_no_christoffel"`` …) or an
@@ -376,7 +515,10 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     seed:
         Seeds random starts and average-case draws; the result is deterministic given it.
     loss_fn:
-        ``loss_fn(output, labels) -> scalar``; default mean cross-entropy on the logits.
+        ``loss_fn(output, labels) -> scalar``.  Default: the model's own ``.loss`` when it
+        returns one, else the mean cross-entropy of the logits.  A model whose ``forward``
+        takes ``labels`` (Hugging Face) always gets them, so ``lambda out, y: out.loss``
+        works too.
     pairs:
         Extra user-declared symmetry blocks (:class:`~hideseek.symmetries.DiagonalPair`,
         :class:`~hideseek.symmetries.FactorPair`), added to the attention pairs found.
@@ -387,7 +529,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     on_unsupported:
         ``"raise"`` or ``"adaptive"``: what to do with attention whose symmetry is unknown.
     exclude:
-        Parameter names (or name prefixes) to leave unperturbed.
+        Parameter names or dotted prefixes to leave unperturbed (a single string is one
+        prefix); each must match some parameter.
     autocast:
         ``None`` (full precision), ``"bfloat16"`` or ``"float16"``: run the model's forward
         and backward passes under ``torch.autocast`` in that dtype.  The geometry (metric,
@@ -415,13 +558,16 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     """
     measure = Measure.from_keywords(measure, metric=metric, p=p, kind=kind, norm=norm,
                                     christoffel=christoffel, eps=eps)
-    _check_settings(measure, rho, n_iters)
+    _check_settings(measure, rho, n_iters, n_samples, seed)
+    _check_weights(model)
     _check_model(model) if checks else None
+    exclude = _check_exclude(exclude, [n for n, _ in model.named_parameters()])
     data = _check_batches(batches)
     t_start = time.perf_counter()
     setup = _set_up(model, data, measure, loss_fn=loss_fn, autocast=autocast, pairs=pairs,
                     on_unsupported=on_unsupported, exclude=exclude, checks=checks)
-    results, ratios = [], []
+    results, ratios, shares = [], [], []
+    accounting = _accounting_blocks(model, measure, setup)
     for i, (x, y) in enumerate(_progress(data, measure.name, progress)):
         res = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
                              n_samples=n_samples, random_start=random_start, callback=callback)
@@ -429,6 +575,10 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         results.append(res)
         if setup.blocks and measure.christoffel is True and res.best:
             ratios.append(setup.geometry.correction_ratio(res.best))
+        if accounting is not None and res.best:
+            share = norm_share(setup.geometry, res.best, accounting)
+            if share:
+                shares.append(share)
     _warn_large_correction(ratios, rho)
 
     amp_dtype = setup.loss.amp_dtype
@@ -443,4 +593,4 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         name=measure.name, config=config, seconds=time.perf_counter() - t_start,
         n_perturbed=setup.geometry.dimension(),
         pairs=[d for b in setup.blocks for d in b.describe()], correction_ratio=ratios,
-        solver=results, measure=measure)
+        solver=results, measure=measure, norm_share=_mean_shares(shares))

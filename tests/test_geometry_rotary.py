@@ -215,3 +215,52 @@ def test_bad_columns_rejected():
         RotaryPairGeometry(G, H, rotary=((0, 1), (1, 2)))
     with pytest.raises(ValueError, match="exactly once"):
         RotaryPairGeometry(G, H, rotary=((0, 1),), rotary_free=(2,))
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_geodesic_sharpness_of_rotary_models_invariant_adaptive_not():
+    """Tiny float64 Llama (full rotary) and GPT-NeoX (partial rotary): a random element of the
+    rotary subgroup, applied to the weights by hand (tests/test_model_families.py's
+    independent action), leaves geodesic sharpness unchanged and changes adaptive sharpness."""
+    pytest.importorskip("transformers")
+    import copy
+
+    import hideseek as hs
+    from hideseek.symmetries import find_symmetries
+    from test_model_families import FAMILIES, act_family
+
+    for name in ("llama_mha", "gpt_neox_partial_rotary"):
+        fam = next(f for f in FAMILIES if f.name == name)
+        model = fam.build()
+        moved = copy.deepcopy(model)
+        act_family(fam, moved, torch.Generator().manual_seed(1))
+        blocks = find_symmetries(model)
+        assert any(g.rotary for b in blocks for g in b.groups)
+        paired = {n for b in blocks for n in b.param_names}
+        others = [n for n, _ in model.named_parameters() if n not in paired]
+        kw = dict(rho=0.5, n_iters=3, progress=False, exclude=others, loss_fn=fam.loss)
+        batches = [fam.batch(seed=3)]
+        a = hs.sharpness(model, batches, measure="geodesic", **kw).value
+        b = hs.sharpness(moved, batches, measure="geodesic", **kw).value
+        assert a > 0 and abs(a - b) <= 1e-7 * abs(a), (name, a, b)
+        a = hs.sharpness(model, batches, measure="adaptive", **kw).value
+        b = hs.sharpness(moved, batches, measure="adaptive", **kw).value
+        assert abs(a - b) > 0.02 * abs(a), (name, a, b)
+        # the product geometry gives rotary Q/K stacks the restricted geometry: a full-GL
+        # vertical vector (not a symmetry of the rotary model) survives its projection
+        res = hs.sharpness(model, batches, measure="geodesic", **kw)
+        assert "qk_rotary" in res.norm_share and "qk" not in res.norm_share
+        assert sum(res.norm_share.values()) == pytest.approx(1, abs=1e-12)
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        geom = hs.ProductGeometry(params, blocks)
+        kinds = [type(pg) for pg in geom.pairs]
+        assert RotaryPairGeometry in kinds and PairGeometry in kinds
+        x = geom.zeros()
+        i = kinds.index(RotaryPairGeometry)
+        pg = geom.pairs[i]
+        Lam = torch.randn(pg.G.shape[0], pg.G.shape[-1], pg.G.shape[-1], generator=torch.Generator().manual_seed(2))
+        x[2 * i], x[2 * i + 1] = pg.vertical(Lam)
+        px = geom.project(x)
+        assert geom.sqnorm(px) > 1e-3 * geom.sqnorm(x)
+        full = PairGeometry(pg.G, pg.H)
+        assert full.sqnorm(*full.project(x[2 * i], x[2 * i + 1])).max() < 1e-18 * geom.sqnorm(x)

@@ -29,6 +29,7 @@ from torch import Tensor
 from ..symmetries.base import SymmetryBlock
 from .adaptive import AdaptiveGeometry
 from .gl import PairGeometry
+from .rotary import RotaryPairGeometry
 
 Tangent = list[Tensor]
 NORMS = ("riemannian", "adaptive")
@@ -81,7 +82,13 @@ class PairStack:
                            key, metric, eps) for key in keys]
 
     def make_pair(self, G: Tensor, H: Tensor, key: tuple, metric: str, eps: float) -> PairGeometry:
-        """The geometry of one stack of pairs (override for another symmetry group)."""
+        """The geometry of one stack of pairs: GL(h), or the rotary subgroup
+        (:class:`~hideseek.geometry.rotary.RotaryPairGeometry`) when the stack's
+        :class:`~hideseek.symmetries.base.PairGroup` has rotary column pairs
+        (``key = PairGroup.shape_key = (n, m, h, rotary, rotary_free)``)."""
+        rotary, rotary_free = (key[3], key[4]) if len(key) > 3 else ((), ())
+        if rotary:
+            return RotaryPairGeometry(G, H, metric, eps, rotary=rotary, rotary_free=rotary_free)
         return PairGeometry(G, H, metric, eps)
 
     @property
@@ -105,6 +112,22 @@ class PairStack:
 
     def sqnorm_terms(self, x: Tangent) -> list[Tensor]:
         return [pg.sqnorm(xG, xH).sum() for pg, (xG, xH) in zip(self.pairs, self._pairs(x))]
+
+    def pair_sqnorms(self, x: Tangent) -> list[Tensor]:
+        """Squared norm of each pair, ``(B,)`` per stack (the terms of :meth:`sqnorm_terms`)."""
+        return [pg.sqnorm(xG, xH) for pg, (xG, xH) in zip(self.pairs, self._pairs(x))]
+
+    def sqnorm_by_kind(self, x: Tangent) -> dict[str, Tensor]:
+        """Squared norm of ``x`` summed per kind of pair (:attr:`PairGroup.kind`, with
+        ``"_rotary"`` appended for pairs under the rotary subgroup), in this part's norm."""
+        per_pair = self.pair_sqnorms(x)
+        out: dict[str, Tensor] = {}
+        for blk, slots in zip(self.blocks, self.slots):
+            for grp, s in zip(blk.groups, slots):
+                kind = grp.kind + ("_rotary" if grp.rotary else "")
+                term = per_pair[s.group][s.start:s.stop].sum()
+                out[kind] = out[kind] + term if kind in out else term
+        return out
 
     def project(self, x: Tangent) -> Tangent:
         out = []
@@ -152,6 +175,10 @@ class AdaptiveBallPairStack(PairStack):
 
     def sqnorm_terms(self, x: Tangent) -> list[Tensor]:
         return [(xG / cG).square().sum() + (xH / cH).square().sum()
+                for (cG, cH), (xG, xH) in zip(self.scales, self._pairs(x))]
+
+    def pair_sqnorms(self, x: Tangent) -> list[Tensor]:
+        return [(xG / cG).square().sum((-1, -2)) + (xH / cH).square().sum((-1, -2))
                 for (cG, cH), (xG, xH) in zip(self.scales, self._pairs(x))]
 
     def project(self, x: Tangent) -> Tangent:
@@ -288,6 +315,36 @@ class ProductGeometry:
         if not terms:
             return torch.zeros((), dtype=self.dtype, device=self.device)
         return torch.stack(terms).sum()
+
+    def sqnorm_by_kind(self, x: Tangent, blocks: Sequence[SymmetryBlock] = ()) -> dict[str, float]:
+        """The squared norm of ``x`` (ℓ2 only) split by where it lies: one entry per kind of
+        pair (``"qk"``, ``"vo"``, ``"qk_rotary"``, a user label …) and ``"free"`` for the
+        rest; the values sum to :meth:`sqnorm`.
+
+        ``blocks``: symmetry blocks whose parameters are *free* in this geometry (the
+        adaptive measure has no pairs), for the accounting only: their share of the
+        elementwise norm ``Σ (ξ/|θ|)²`` is reported under their pairs' kinds."""
+        if self.p != "l2":
+            raise ValueError("sqnorm_by_kind is defined for the ℓ2 ball only")
+        pair_x, free_x = self._split(x)
+        out = {k: float(v) for k, v in self.pair_part.sqnorm_by_kind(pair_x).items()}
+        terms = self.adaptive.sqnorm_terms(free_x)
+        free = float(torch.stack(terms).sum()) if terms else 0.0
+        index = {n: i for i, n in enumerate(self.free_names)}
+        for blk in blocks:
+            if not all(n in index for n in blk.param_names):
+                continue
+            z = {}
+            for n in blk.param_names:
+                xi, c = free_x[index[n]], self.adaptive.scale[index[n]]
+                z[n] = torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0)
+            for grp, (zG, zH) in zip(blk.groups, blk.split(z)):
+                kind = grp.kind + ("_rotary" if grp.rotary else "")
+                v = float(zG.square().sum() + zH.square().sum())
+                out[kind] = out.get(kind, 0.0) + v
+                free -= v
+        out["free"] = max(free, 0.0)
+        return out
 
     def norm_of(self, x: Tangent) -> Tensor:
         if self.p == "linf":
