@@ -578,6 +578,10 @@ REFUSALS = [
     ("timm_gated", _timm_attention(gated=True), r"gated=True\) multiplies each head output"),
     ("bert_relative_key", _hf(tr.BertModel, lambda: tr.BertConfig(**SMALL, position_embedding_type="relative_key")),
      r"relative-key position embeddings \(position_embedding_type='relative_key'\)"),
+    ("longformer_global_projections",
+     _hf(tr.LongformerModel, lambda: tr.LongformerConfig(**{**SMALL, "max_position_embeddings": 40}, attention_window=4)),
+     r"LongformerSelfAttention has linear projections besides query/key/value/output.dense \(query_global, "
+     r"key_global, value_global"),
     ("falcon_packed", _hf(tr.FalconForCausalLM, lambda: tr.FalconConfig(vocab_size=VOCAB, hidden_size=16,
                                                                         num_hidden_layers=2, num_attention_heads=4)),
      r"FalconAttention packs query_key_value in a layout hideseek does not know"),

@@ -339,6 +339,15 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
         own = name[len(parent) + 1:] if parent else name
         root, rel, out = parent, (lambda c: f"{own}.{c}"), "output.dense"
     _check_qk_norm(name, mod)
+    q_extra, k_extra = _deberta_extras(name, mod)
+    known = {qn, kn, vn, out, *q_extra, *k_extra}
+    others = [c for c, m in mod.named_children() if _linear(m) and c not in known]
+    if others:
+        raise UnsupportedAttentionError(
+            f"{name}: {type(mod).__name__} has linear projections besides {qn}/{kn}/{vn}/{out} "
+            f"({', '.join(others)}; e.g. global-attention projections) whose outputs may meet the "
+            "pairs; hideseek does not know their role. If they do not touch queries, keys, values "
+            "or the output projection, declare the block with hideseek.symmetries.declare_attention(...)")
     pet = getattr(mod, "position_embedding_type", None) or getattr(info.config, "position_embedding_type", None)
     if getattr(mod, "distance_embedding", None) is not None or pet in ("relative_key", "relative_key_query"):
         raise UnsupportedAttentionError(
@@ -354,7 +363,6 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     kv_heads = _num_kv_heads(mod, info.model, heads)
     if head_dim is not None and wk.shape[0] % head_dim == 0:
         kv_heads = wk.shape[0] // head_dim
-    q_extra, k_extra = _deberta_extras(name, mod)
     r, pairing = _rotary(name, mod, info, wq.shape[0] // heads)
     spec = AttentionSpec(root, heads, o=rel(out) if out != "output.dense" else out,
                          q=rel(qn), k=rel(kn), v=rel(vn), kv_heads=kv_heads, rotary_dims=r,
@@ -456,5 +464,5 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
         raise UnsupportedAttentionError(
             "cannot apply the GL(h) attention geometry to this model:\n  - " + "\n  - ".join(problems)
             + "\nPass on_unsupported='adaptive' to treat these parameters elementwise (adaptive "
-            "geometry), or declare the blocks yourself (hideseek.declare_attention).")
+            "geometry), or declare the blocks yourself (hideseek.symmetries.declare_attention).")
     return blocks
