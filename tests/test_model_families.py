@@ -582,6 +582,8 @@ REFUSALS = [
      _hf(tr.LongformerModel, lambda: tr.LongformerConfig(**{**SMALL, "max_position_embeddings": 40}, attention_window=4)),
      r"LongformerSelfAttention has linear projections besides query/key/value/output.dense \(query_global, "
      r"key_global, value_global"),
+    ("bitnet_sub_norm", _hf(tr.BitNetForCausalLM, lambda: tr.BitNetConfig(**SMALL, num_key_value_heads=2)),
+     r"a normalisation inside the attention module \(attn_sub_norm: BitNetRMSNorm\)"),
     ("falcon_packed", _hf(tr.FalconForCausalLM, lambda: tr.FalconConfig(vocab_size=VOCAB, hidden_size=16,
                                                                         num_hidden_layers=2, num_attention_heads=4)),
      r"FalconAttention packs query_key_value in a layout hideseek does not know"),

@@ -197,6 +197,20 @@ def _check_qk_norm(name: str, mod: nn.Module) -> None:
             "pairs; the value/output pairs alone are not offered")
 
 
+def _check_norms(name: str, mod: nn.Module) -> None:
+    """Any other normalisation inside the attention module (e.g. BitNet's ``attn_sub_norm``
+    or Gemma-3n's ``v_norm`` between the heads and the output projection) is refused: hideseek
+    cannot tell where it acts.  Hugging Face's ``LayerNorm`` child (ALBERT) is the norm after
+    the residual sum, outside the pairs."""
+    found = [f"{c}: {type(m).__name__}" for c, m in mod.named_children()
+             if "norm" in type(m).__name__.lower() and _not_identity(m) and c != "LayerNorm"]
+    if found:
+        raise UnsupportedAttentionError(
+            f"{name}: a normalisation inside the attention module ({', '.join(found)}); between the "
+            "heads and the output projection it breaks the GL(d_v) symmetry of value/output pairs, "
+            "and hideseek cannot tell where it acts; declare the block by hand if it is outside the pairs")
+
+
 # ----------------------------------------------------------------------------- adapters
 def _mha_block(name: str, mod: nn.MultiheadAttention) -> AttentionBlock:
     if mod.bias_k is not None or mod.bias_v is not None:
@@ -308,6 +322,7 @@ def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | N
     kv_heads = _num_kv_heads(mod, info.model, heads) if layout == "blocks" else heads
     dk = getattr(mod, qkv).out_features // (heads + 2 * kv_heads)
     _check_qk_norm(name, mod)
+    _check_norms(name, mod)
     r, pairing = _rotary(name, mod, info, dk)
     return AttentionSpec(name, heads, o=out, qkv=qkv, kv_heads=kv_heads, layout=layout,
                          rotary_dims=r, rotary_pairing=pairing).bind(info.params)
@@ -339,6 +354,7 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
         own = name[len(parent) + 1:] if parent else name
         root, rel, out = parent, (lambda c: f"{own}.{c}"), "output.dense"
     _check_qk_norm(name, mod)
+    _check_norms(name, mod)
     q_extra, k_extra = _deberta_extras(name, mod)
     known = {qn, kn, vn, out, *q_extra, *k_extra}
     others = [c for c, m in mod.named_children() if _linear(m) and c not in known]
