@@ -118,3 +118,12 @@ def test_maths_citations_in_code_name_existing_sections():
                     if sec not in sections:
                         bad.append(f"{f.relative_to(ROOT)}: §{sec}")
     assert not bad, "citations of missing docs/maths.md sections:\n  " + "\n  ".join(bad)
+
+
+def test_architecture_lists_every_module():
+    """docs/architecture.md's module map names every module of both packages."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = [str(f.relative_to(ROOT)) for pkg in ("hideseek", "companion")
+               for f in sorted((ROOT / pkg).rglob("*.py"))
+               if f"`{f.relative_to(ROOT).as_posix()}`" not in text]
+    assert not missing, "docs/architecture.md does not list these modules:\n  " + "\n  ".join(missing)
