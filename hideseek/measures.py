@@ -3,7 +3,7 @@
 A :class:`Measure` says everything that defines a measure — which geometry the ball lives
 in, which metric, which norm, which step, the ε relaxation, ℓ2 or ℓ∞, worst or average
 case — and names itself.  Everything else (the radius ρ, the iterations, the seed) is a
-setting of the computation, not of the measure.  See ``docs/maths.md`` (sharpness measures
+setting of the computation, not of the measure.  See docs/maths.md §7 (sharpness measures
 and the ablations of the paper's Appendix G).
 
 =================  ===================================  =========================================
