@@ -233,7 +233,7 @@ def exact_geodesic_gl1(G: Tensor, xi: Tensor, t: float = 1.0) -> Tensor:
 def exact_geodesic_gl1_mixed(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor,
                              t: float = 1.0) -> tuple[Tensor, Tensor]:
     r"""Exact geodesic of the mixed metric ``H² dG² + G² dH²`` for scalar pairs
-    (n = m = h = 1), batched over ``(B, 1, 1)``; ``G, H ≠ 0`` (docs/maths.md, diagonal networks).
+    (n = m = h = 1), batched over ``(B, 1, 1)``; ``G, H ≠ 0`` (docs/maths.md §5.4).
 
     With ``β̃ = |G H|`` and ``s = log |G / H|`` the metric is ``½ (dβ̃² + β̃² ds²)``: half the
     flat metric of the plane in polar coordinates, the angle ``s`` unbounded (a flat cone
