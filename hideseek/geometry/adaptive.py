@@ -1,4 +1,4 @@
-"""The elementwise (adaptive) geometry of plain parameters (``docs/maths.md``, adaptive sharpness).
+"""The elementwise (adaptive) geometry of plain parameters (docs/maths.md §6).
 
 The ball is ``‖ξ ⊘ |θ|‖_p ≤ ρ`` (Andriushchenko et al. 2023), p = ℓ2 or ℓ∞, the step is
 straight, ``θ + ξ``.  Where ``θ`` is exactly zero the scale ``|θ|`` vanishes and the
