@@ -3,7 +3,7 @@
 Parameters inside GL(h) pairs (attention, user-declared pairs) get the quotient geometry
 of :mod:`hideseek.geometry.gl`, stacked over heads and layers that share a shape (a
 :class:`PairStack` part); every other parameter gets the elementwise adaptive geometry
-(:class:`~hideseek.geometry.adaptive.AdaptiveGeometry`, ``docs/maths.md``, adaptive
+(:class:`~hideseek.geometry.adaptive.AdaptiveGeometry`, docs/maths.md §6, adaptive
 sharpness).  :class:`ProductGeometry` composes the parts (like geoopt's ``ProductManifold``):
 a tangent vector is a plain list of tensors, each part owning a consecutive run of it —
 ``[ξ_G, ξ_H]`` per stacked pair group, then one tensor per free parameter — and the norm
