@@ -1,7 +1,7 @@
 """Relative flatness (Petzka et al. 2021), the camera-ready paper's comparison (its Fig. 6).
 
 For one feature layer with weight matrix ``W`` (rows ``w_s``; e.g. the classifier on top
-of the pooled features ``φ``) and ``L`` the mean loss of a batch (docs/maths.md,
+of the pooled features ``φ``) and ``L`` the mean loss of a batch (docs/maths.md §11,
 "Relative flatness")::
 
     κ_Tr(W) = Σ_{s,s'} ⟨w_s, w_s'⟩ · Tr(H_{s,s'}),     H_{s,s'} = ∂²L / ∂w_s ∂w_s'ᵀ
