@@ -3,7 +3,7 @@
 One language model, one batch.  Every attention pair ``(G, H)`` of the model (per head,
 Q/K and V/O) is moved to ``(G A, H A⁻ᵀ)`` with ``A = a·N``: ``N`` a standard Gaussian
 ``h × h`` matrix drawn once per head and pair (fixed seed; almost surely invertible), ``a``
-a scale from 10⁻² to 10² (docs/maths.md, "The GL(h) building block").  The model computes
+a scale from 10⁻² to 10² (docs/maths.md §1.1).  The model computes
 the same function at every point of this orbit; the figure shows sharpness after / before:
 adaptive sharpness moves, geodesic sharpness stays at 1 up to the solver's arithmetic.
 
