@@ -1,4 +1,4 @@
-"""Diagonal linear networks: Figure 3 and Table 1, row 1 (docs/maths.md, diagonal networks).
+"""Diagonal linear networks: Figure 3 and Table 1, row 1 (docs/maths.md §8).
 
 **Population** (the paper follows Andriushchenko et al. 2023; their public setting with
 d = 200 and 90 % sparsity): Gaussian design ``X`` (n x d, n < d), a kappa-sparse ground
