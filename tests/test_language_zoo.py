@@ -74,6 +74,29 @@ def test_workers_and_threads_change_no_member(tiny_zoo, tmp_path):
         assert all(torch.equal(s1[k], s2[k]) for k in s1), a["name"]
 
 
+def test_pinned_cpu_kernels_are_checked(tiny_zoo, tmp_path):
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    out, zoo = tiny_zoo
+    assert zoo["cpu_kernels"]["capability"] == torch.backends.cpu.get_cpu_capability()
+    with pytest.raises(ValueError, match="cpu_kernels must be"):
+        lz.ZooSpec.from_dict({"cpu_kernels": "avx9"})
+    pinned = all(os.environ.get(k) == v for k, v in lz.KERNEL_ENV["avx2"].items())
+    if not pinned:   # this test process was started without the environment: refused
+        with pytest.raises(RuntimeError, match="ATEN_CPU_CAPABILITY=avx2"):
+            lz.train_zoo(lz.ZooSpec.from_dict({**TINY, "cpu_kernels": "avx2"}), tmp_path / "z", progress=False)
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("AVX2 kernels exist on x86-64 only")
+    code = "from companion.experiments import language_zoo as lz; lz.check_cpu_kernels('avx2'); print(lz.cpu_kernels())"
+    env = {**os.environ, **lz.KERNEL_ENV["avx2"]}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-500:]
+    assert "'capability': 'AVX2'" in res.stdout
+
+
 def test_mask_tokens_follows_bert_recipe():
     gen = torch.Generator().manual_seed(0)
     n_special, vocab, mask_id = len(nc.SPECIAL_TOKENS), 51, 4

@@ -19,12 +19,16 @@ member records both (``gap_in_distribution``, ``gap_hans``); ``gap`` is the chos
 Reproducibility. Training runs under ``torch.use_deterministic_algorithms`` with every
 random source seeded (corpus, classifier initialisation, data order, dropout, MLM
 masking), and with a fixed number of intra-op threads (``threads``): the same member
-trained twice, in fresh processes, with the same thread count and the same CPU kernels
-is bitwise identical. A different thread count or a processor with other vector units
-(CPU kernels are chosen at run time: AVX-512 / AVX2 / ...) rounds differently, and a
-fine-tune amplifies the difference; ``reports/zoo_reproducibility.md`` gives the
-measured spread. ``workers`` trains members in parallel processes (one thread each)
-without changing any member.
+trained twice, in fresh processes (any ``PYTHONHASHSEED``), with the same thread count and
+the same CPU kernels is bitwise identical. A different thread count, or a processor with
+other vector units (PyTorch, MKL and oneDNN pick AVX-512 / AVX2 / ... kernels at run time),
+rounds differently and a fine-tune amplifies that: member 0 of the 3-epoch recipe trained
+with 2 threads, or with AVX2 instead of AVX-512 kernels, ends with other weights and its
+dev error moves from 0.173 to 0.178 / 0.183. ``cpu_kernels: avx2`` pins the kernels to one
+level on every x86-64 processor that has it (:data:`KERNEL_ENV`, set before Python
+starts) and refuses to train otherwise; ``zoo.json`` records the kernels in force.
+``workers`` trains members in parallel processes (one thread each) without changing any
+member.
 
 Command line (the DVC stage ``language_train``)::
 
@@ -58,6 +62,11 @@ from hideseek.utils import resolve_device
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ZOO_FORMAT = 1
+#: Environment that pins the CPU kernels to one instruction-set level on any x86-64 processor
+#: that has it (PyTorch's own kernels, MKL's BLAS with conditional numerical reproducibility,
+#: oneDNN); read when the libraries load, so it must be set before Python starts.
+KERNEL_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
 #: ``gap`` setting -> the split whose error the recorded gap subtracts the train error from
 GAP_SPLITS = {"dev": "gap_in_distribution", "test": "gap_hans"}
 
@@ -113,6 +122,9 @@ class ZooSpec:
     threads: int | None = None
     # parallel fine-tuning processes (one thread each); does not change any member
     workers: int = 1
+    # CPU kernel level the training must run with (e.g. "avx2"; None: whatever the processor has);
+    # see KERNEL_ENV: set those variables before Python starts, e.g. in the DVC stage command
+    cpu_kernels: str | None = None
     # "scratch": BERT of `model`, MLM pre-trained once on the corpus; "minilm" or a saved BERT
     # folder: fine-tune that pre-trained model instead (companion.experiments.minilm)
     base: str = "scratch"
@@ -123,7 +135,8 @@ class ZooSpec:
         parts = {"corpus": nc.CorpusSpec, "model": ModelSpec,
                  "pretrain": PretrainSpec, "finetune": FinetuneSpec}
         scalars = {"max_length": int, "device": str, "base": str, "gap": str,
-                   "threads": lambda v: None if v is None else int(v), "workers": int}
+                   "threads": lambda v: None if v is None else int(v), "workers": int,
+                   "cpu_kernels": lambda v: None if v is None else str(v).lower()}
         unknown = set(d) - set(parts) - set(scalars)
         if unknown:
             raise ValueError(f"unknown language zoo settings {sorted(unknown)}")
@@ -143,6 +156,8 @@ class ZooSpec:
             raise ValueError(f"gap must be one of {sorted(GAP_SPLITS)}, got {spec.gap!r}")
         if spec.workers < 1 or (spec.threads is not None and spec.threads < 1):
             raise ValueError(f"workers and threads must be >= 1, got {spec.workers} and {spec.threads}")
+        if spec.cpu_kernels is not None and spec.cpu_kernels not in KERNEL_ENV:
+            raise ValueError(f"cpu_kernels must be null or one of {sorted(KERNEL_ENV)}, got {spec.cpu_kernels!r}")
         if spec.workers > 1 and spec.device != "cpu":
             raise ValueError("workers > 1 is for cpu training; use workers: 1 on a GPU")
         return spec
@@ -455,12 +470,36 @@ def _train_members(spec: ZooSpec, data: Data, base_dir: Path, out: Path, progres
     return records  # type: ignore[return-value]
 
 
+def cpu_kernels() -> dict[str, Any]:
+    """The CPU kernel level in force (``torch.backends.cpu.get_cpu_capability()``) and the
+    environment variables of :data:`KERNEL_ENV` as set: what a bitwise comparison must match."""
+    names = sorted({k for env in KERNEL_ENV.values() for k in env})
+    return {"capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in names}}
+
+
+def check_cpu_kernels(level: str | None) -> None:
+    """Raise unless the kernels are pinned to ``level`` (nothing to check for None)."""
+    if level is None:
+        return
+    want = KERNEL_ENV[level]
+    have = cpu_kernels()
+    bad = {k: have[k] for k, v in want.items() if have[k] != v}
+    if bad or have["capability"].lower() != level:
+        env = " ".join(f"{k}={v}" for k, v in want.items())
+        raise RuntimeError(f"cpu_kernels={level!r} but torch runs {have['capability']} kernels with {bad or 'its env'}; "
+                           f"start Python with `{env}` (the language_train stage command does), or set "
+                           "cpu_kernels: null to train with this processor's own kernels (another zoo)")
+
+
 def train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> dict:
     """Build the whole zoo in ``out_dir`` (replaced if it exists) and return ``zoo.json``'s content.
 
     Runs with ``spec.threads`` intra-op threads (restored afterwards); with ``spec.workers > 1``
     the fine-tunes run in that many spawned processes, each with ``spec.threads`` (or 1) threads.
+    With ``spec.cpu_kernels`` set, refuses to run unless the kernels are pinned to that level.
     """
+    if spec.device == "cpu":
+        check_cpu_kernels(spec.cpu_kernels)
     with torch_threads(spec.threads):
         return _train_zoo(spec, out_dir, progress=progress)
 
@@ -500,6 +539,7 @@ def _train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> 
                      "base": spec.base if spec.base == "scratch" else str(base_dir)},
         "seconds_total": time.perf_counter() - t0,
         "torch_threads": torch.get_num_threads(),
+        "cpu_kernels": cpu_kernels(),
         "cpu_seconds_fine_tune": float(sum(r["cpu_seconds"] for r in records)),
         "models": records,
     }
