@@ -160,6 +160,15 @@ class RotaryPairGeometry(PairGeometry):
             ops = (SGt, SHt, SGt, SHt)
             rhs = (SHt, SGt)
         self._E = rotary_generators(h, self.rotary, torch.float64, dev)
+        # the two entries (row, column, value) of each generator, for the set-up's gathers
+        ii = [i for i, _ in self.rotary]
+        jj = [j for _, j in self.rotary]
+        self._entries = (torch.tensor([[i, j] for i, j in zip(ii, jj)] + [[j, i] for i, j in zip(ii, jj)],
+                                      dtype=torch.long, device=dev).reshape(-1, 2),
+                         torch.tensor([[i, j] for i, j in zip(ii, jj)] + [[i, j] for i, j in zip(ii, jj)],
+                                      dtype=torch.long, device=dev).reshape(-1, 2),
+                         torch.tensor([[1.0, 1.0]] * len(ii) + [[1.0, -1.0]] * len(ii),
+                                      dtype=torch.float64, device=dev).reshape(-1, 2))
         self._f = torch.tensor(self.rotary_free, dtype=torch.long, device=dev)
         f = self._f
         if len(f):
@@ -170,21 +179,8 @@ class RotaryPairGeometry(PairGeometry):
             e, Z = _generalised_eigh(blk[3], blk[1])
             inv_denom = 1.0 / (d.unsqueeze(-1) + e.unsqueeze(-2))
             self._fV, self._fZ, self._fden = V, Z, inv_denom
-        self._ops64 = ops
         if len(self.rotary):
-            # Schur complement K_rr − K_rf K_ff⁻¹ K_fr, one column per generator (chunked).
-            B, r = G64.shape[0], self._E.shape[0]
-            chunk = max(1, _CHUNK_ELEMENTS // max(1, B * h * h))
-            cols = []
-            for s in range(0, r, chunk):
-                M = self._apply_op(self._E[s:s + chunk].unsqueeze(0).expand(B, -1, -1, -1), ops)
-                if len(f):
-                    W = self._solve_free(self._free_block(M), V, Z, inv_denom)
-                    M = M - self._apply_op(self._pad(W), ops)
-                cols.append(self._coords(M))                            # (B, c, r)
-            K = torch.cat(cols, dim=1)
-            K = 0.5 * (K + _t(K))
-            L, info = torch.linalg.cholesky_ex(K)
+            L, info = torch.linalg.cholesky_ex(self._schur(ops, inv_denom if len(f) else None))
             if bool((info != 0).any()):
                 raise ValueError("the rotary projection's normal equations are singular: the weights of "
                                  "an attention head are rank deficient. Use eps > 0 or the adaptive measure.")
@@ -197,6 +193,51 @@ class RotaryPairGeometry(PairGeometry):
             self._fV, self._fZ, self._fden = cast(self._fV), cast(self._fZ), cast(self._fden)
         if len(self.rotary):
             self._schur_L = cast(self._schur_L)
+
+    def _schur(self, ops, inv_denom) -> Tensor:
+        """Schur complement ``K_rr − K_rf K_ff⁻¹ K_fr`` (B, r, r) of the normal equations.
+
+        Each generator ``E_k`` has two entries ``(p_kα, q_kα, v_kα)``, so
+        ``⟨E_k, A E_l B⟩ = Σ_αβ v_kα v_lβ A[p_kα, p_lβ] B[q_lβ, q_kα]`` (gathers, O(r²));
+        ``K_fr`` has columns ``(𝒜E_l)_FF = Σ_β v_lβ (A[F, p_lβ] B[q_lβ, F] + …)`` (outer
+        products), solved against the free block in chunks of generators."""
+        P, Q, v = self._entries
+        A1, B1, A2, B2 = ops
+        f = self._f
+        r = P.shape[0]
+        K = 0
+        for a in range(2):
+            for b in range(2):
+                rows, cols = P[:, a][:, None], P[:, b][None, :]
+                brow, bcol = Q[:, b][None, :], Q[:, a][:, None]
+                K = K + (v[:, a][:, None] * v[:, b][None, :]) * (
+                    A1[:, rows, cols] * B1[:, brow, bcol] + A2[:, rows, cols] * B2[:, brow, bcol])
+        if len(f) == 0:
+            return 0.5 * (K + _t(K))
+        Bn, nf = A1.shape[0], len(f)
+        chunk = max(1, _CHUNK_ELEMENTS // max(1, Bn * nf * nf))
+        corr = []
+        for s in range(0, r, chunk):
+            sl = slice(s, s + chunk)
+            Y = 0
+            for b in range(2):
+                pl, ql, vl = P[sl, b], Q[sl, b], v[sl, b]
+                for A, Bm in ((A1, B1), (A2, B2)):
+                    left = A[:, f][:, :, pl].transpose(1, 2)          # (B, c, f): A[F, p_l]
+                    right = Bm[:, ql][:, :, f]                         # (B, c, f): B[q_l, F]
+                    Y = Y + vl[:, None, None] * left.unsqueeze(-1) * right.unsqueeze(-2)
+            W = self._solve_free(Y, self._fV, self._fZ, inv_denom)      # (B, c, f, f)
+            c = 0
+            for a in range(2):
+                pk, qk, vk = P[:, a], Q[:, a], v[:, a]
+                for A, Bm in ((A1, B1), (A2, B2)):
+                    left = A[:, pk][:, :, f]                           # (B, r, f): A[p_k, F]
+                    right = Bm[:, f][:, :, qk]                         # (B, f, r): B[F, q_k]
+                    U = torch.einsum("bkf,blfg->bklg", left, W)
+                    c = c + vk[:, None] * torch.einsum("bklg,bgk->bkl", U, right)
+            corr.append(c)
+        S = K - torch.cat(corr, dim=2)
+        return 0.5 * (S + _t(S))
 
     # ----------------------------------------------------------------- pieces
     @staticmethod
