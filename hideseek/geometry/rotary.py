@@ -50,7 +50,7 @@ from torch import Tensor
 
 from .gl import PairGeometry, _eye_like, _spd_inverse, _t
 
-_CHUNK_ELEMENTS = 1 << 24   # bound on the (B, chunk, h, h) buffers of the set-up
+_CHUNK_ELEMENTS = 1 << 24   # bound on the (B, chunk, f, f) buffers of the set-up
 
 
 def check_rotary_columns(h: int, rotary, rotary_free=None) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
