@@ -1,6 +1,6 @@
 """Sharpness measures: adaptive (Andriushchenko et al. 2023) and geodesic (this paper).
 
-Worst-case sharpness of one batch (paper Eq. 3, docs/maths.md §7.1)::
+Worst-case sharpness of one batch (paper Eq. 4, docs/maths.md §7.1)::
 
     S(θ) = max over allowed ξ with ‖ξ‖_θ ≤ ρ of  L(γ_ξ(1)) − L(θ)
 
