@@ -370,6 +370,10 @@ FAMILIES = [
            _hf(tr.Phi3ForCausalLM, lambda: tr.Phi3Config(**COMMON, num_key_value_heads=2, pad_token_id=0)),
            lambda m: [packed_gqa_layout(l.self_attn.qkv_proj, l.self_attn.o_proj, 4, 2, 8) for l in m.model.layers],
            lm_batch, 2, [("qk", 2, 8, 2), ("vo", 2, 8, 2)], rotary=1.0, loss=token_loss),
+    Family("cohere_interleaved_rotate_half",
+           _hf(tr.CohereForCausalLM, lambda: tr.CohereConfig(**COMMON, num_key_value_heads=2)),
+           decoder_layout(4, 2), lm_batch, 2, [("qk", 2, 8, 2), ("vo", 2, 8, 2)], rotary=1.0, loss=token_loss,
+           pairing="adjacent", tol=1e-6),   # Cohere's rotate_half pairs neighbours; q, k rotated in float32
     Family("gpt2", _hf(tr.GPT2LMHeadModel, lambda: tr.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2,
                                                                  n_head=4, n_positions=32)),
            gpt2_layout, lm_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
@@ -584,6 +588,10 @@ REFUSALS = [
      r"key_global, value_global"),
     ("bitnet_sub_norm", _hf(tr.BitNetForCausalLM, lambda: tr.BitNetConfig(**SMALL, num_key_value_heads=2)),
      r"a normalisation inside the attention module \(attn_sub_norm: BitNetRMSNorm\)"),
+    ("roformer_rotary_width_unknown",
+     _hf(tr.RoFormerModel, lambda: tr.RoFormerConfig(**SMALL, embedding_size=16)),
+     r"RoFormerSelfAttention defines apply_rotary_position_embeddings: rotary position embeddings \(RoPE\) "
+     r"leave only a subgroup of GL\(h\) on its query/key pairs, and hideseek finds no rotary width"),
     ("falcon_packed", _hf(tr.FalconForCausalLM, lambda: tr.FalconConfig(vocab_size=VOCAB, hidden_size=16,
                                                                         num_hidden_layers=2, num_attention_heads=4)),
      r"FalconAttention packs query_key_value in a layout hideseek does not know"),

@@ -128,6 +128,23 @@ def _rotate_fn(mod: nn.Module):
     return None, None
 
 
+_ROTARY_NAME = re.compile(r"rotary|(^|_)rope(_|$)|rotate_half|rotate_every_two", re.I)
+
+
+def _rotary_hint(mod: nn.Module) -> str | None:
+    """Evidence that ``mod`` applies rotary embeddings although no width was found: a
+    rotary-named method of its class (RoFormer's ``apply_rotary_position_embeddings``) or
+    function of its Python module (``apply_rotary_pos_emb``, ``rotate_half``)."""
+    for attr in dir(type(mod)):
+        if _ROTARY_NAME.search(attr) and not hasattr(nn.Module, attr):
+            return f"{type(mod).__name__} defines {attr}"
+    pymod = sys.modules.get(type(mod).__module__)
+    for attr in vars(pymod) if pymod is not None else ():
+        if _ROTARY_NAME.search(attr):
+            return f"{type(mod).__module__} defines {attr}"
+    return None
+
+
 def _rotary_pairs(name: str, mod: nn.Module, r: int):
     """Column pairs the rotary helper rotates together, found by applying it to the unit
     vectors: it must be a signed permutation ``P`` with ``P² = −I`` (a 90° rotation in each
@@ -168,11 +185,11 @@ def _rotary(name: str, mod: nn.Module, info: _Model, dk: int):
                 "uses; declare it with hideseek.symmetries.declare_attention(..., rotary_dims=...)")
         r = sizes.pop()
     if r is None:
-        fn_name, _ = _rotate_fn(mod)
-        reason = info.rope_in_config() or (fn_name and f"{type(mod).__module__} defines {fn_name}")
+        reason = info.rope_in_config() or _rotary_hint(mod)
         if reason:
             raise UnsupportedAttentionError(
-                f"{name}: {reason}: rotary position embeddings (RoPE) {_NO_GL}, and hideseek finds "
+                f"{name}: {reason}: rotary position embeddings (RoPE) leave only a subgroup of GL(h) "
+                "on its query/key pairs, and hideseek finds "
                 "no rotary width (a rotary module with inv_freq, or rotary_ndims/rotary_dim) to read "
                 "which dims they rotate; declare the block with hideseek.symmetries.declare_attention(..., "
                 "rotary_dims=..., rotary_pairing=...)")
