@@ -142,3 +142,26 @@ def test_cli_quiet_prints_only_the_result(bert_dir, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.err == ""
     assert captured.out.strip().count("\n") == 0 and "geodesic_invariant" in captured.out
+
+
+def test_cli_rotary_classifier_symmetries_and_sharpness(tmp_path, capsys):
+    """A saved Llama sequence classifier: the listing names the rotary subgroup, and
+    sharpness reports where the maximiser lies, rotary Q/K apart."""
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=16, max_position_embeddings=16, num_labels=3,
+                                   pad_token_id=0)
+    transformers.LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "llama")
+    capsys.readouterr()
+    assert main(["symmetries", "--hf", str(tmp_path / "llama")]) == 0
+    out = capsys.readouterr().out
+    assert "GL(1,C)^4" in out and "GL(8)" in out
+    g = torch.Generator().manual_seed(0)
+    torch.save({"inputs": {"input_ids": torch.randint(1, 40, (4, 6), generator=g)},
+                "labels": torch.randint(0, 3, (4,), generator=g)}, tmp_path / "data.pt")
+    res = tmp_path / "res.json"
+    assert main(["sharpness", "--hf", str(tmp_path / "llama"), "--data", str(tmp_path / "data.pt"),
+                 "--rho", "0.05", "--n-iters", "2", "--quiet", "--out", str(res)]) == 0
+    share = json.loads(res.read_text())["norm_share"]
+    assert set(share) == {"qk_rotary", "vo", "free"} and abs(sum(share.values()) - 1) < 1e-9
