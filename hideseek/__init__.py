@@ -9,6 +9,7 @@ Riemannian Geometry Finds It* (da Silva, Dangel, Oore, ICML 2025).
 """
 from .geometry import AdaptiveGeometry, PairGeometry, ProductGeometry
 from .measures import Measure
+from .relative_flatness import RelativeFlatnessResult, relative_flatness
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
 from .solvers import SolverResult, SolverStep
 from .symmetries import (AttentionBlock, DiagonalPair, FactorPair, SymmetryBlock,
@@ -16,5 +17,6 @@ from .symmetries import (AttentionBlock, DiagonalPair, FactorPair, SymmetryBlock
 
 __version__ = "0.1.0"
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "DiagonalPair", "FactorPair", "Measure", "PairGeometry",
-           "ProductGeometry", "SharpnessInputError", "SharpnessResult", "SolverResult", "SolverStep",
-           "SymmetryBlock", "UnsupportedAttentionError", "find_symmetries", "sharpness"]
+           "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError", "SharpnessResult", "SolverResult",
+           "SolverStep", "SymmetryBlock", "UnsupportedAttentionError", "find_symmetries", "relative_flatness",
+           "sharpness"]
