@@ -518,7 +518,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         ``loss_fn(output, labels) -> scalar``.  Default: the model's own ``.loss`` when it
         returns one, else the mean cross-entropy of the logits.  A model whose ``forward``
         takes ``labels`` (Hugging Face) always gets them, so ``lambda out, y: out.loss``
-        works too.
+        works too.  (Hugging Face computes causal-LM losses on logits cast to float32, even
+        in a float64 model: pass ``loss_fn`` for float64 precision.)
     pairs:
         Extra user-declared symmetry blocks (:class:`~hideseek.symmetries.DiagonalPair`,
         :class:`~hideseek.symmetries.FactorPair`), added to the attention pairs found.
