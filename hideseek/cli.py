@@ -37,6 +37,18 @@ class CLIError(Exception):
     pass
 
 
+class _ArgumentError(CLIError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line and status 2 from :func:`main` (no usage dump,
+    no ``SystemExit`` when called in-process)."""
+
+    def error(self, message):
+        raise _ArgumentError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def _check_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
@@ -159,8 +171,7 @@ def _add_model_args(sp):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="hideseek", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="hideseek", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sp = sub.add_parser("sharpness", help="geodesic or adaptive sharpness of a model on a data file",
                         epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -189,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="no progress bar and no messages: only the result line (errors still go to stderr)")
     sy = sub.add_parser("symmetries", help="list the GL(h) pairs hideseek finds in a model")
     _add_model_args(sy)
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except _ArgumentError as err:
+        return _fail(err)
     try:
         # the measure and the data first: reported before any (large) model is loaded
         measure = batches = None

@@ -165,3 +165,12 @@ def test_cli_rotary_classifier_symmetries_and_sharpness(tmp_path, capsys):
                  "--rho", "0.05", "--n-iters", "2", "--quiet", "--out", str(res)]) == 0
     share = json.loads(res.read_text())["norm_share"]
     assert set(share) == {"qk_rotary", "vo", "free"} and abs(sum(share.values()) - 1) < 1e-9
+
+
+def test_cli_argument_errors_are_one_line(capsys):
+    assert main(["sharpness", "--hf", "x", "--data", "d.pt", "--rho", "abc"]) == 2
+    _one_line_error(capsys, "--rho", "abc", "--help")
+    assert main(["sharpness", "--hf", "x", "--rho", "0.1"]) == 2
+    _one_line_error(capsys, "--data")
+    assert main(["sharpen"]) == 2
+    _one_line_error(capsys, "sharpen")
