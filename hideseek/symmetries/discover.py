@@ -13,8 +13,8 @@ a group, §12).  Supported (``docs/model_support.md`` has the full table):
   ``query_proj/key_proj/value_proj`` (DeBERTa-v2, with its position projections stacked), and
   an output ``o_proj/out_proj/out_lin/dense/o`` or a sibling ``output.dense``;
 * packed ``c_attn`` + ``c_proj`` (GPT-2, Conv1D weights stored (in, out); GPT-BigCode), per-head
-  packed ``query_key_value`` + ``dense`` (GPT-NeoX, BLOOM: ALiBi is a score bias and keeps GL)
-  and Phi-3's ``qkv_proj``;
+  packed ``query_key_value`` + ``dense`` (GPT-NeoX, BLOOM: ALiBi is a score bias and keeps GL,
+  Persimmon), Phi-3's ``qkv_proj`` and MPT's ``Wqkv`` (without ``clip_qkv``);
 * grouped-query and multi-query attention (``num_key_value_heads``);
 * rotary position embeddings (Llama, Mistral, Qwen2, GPT-NeoX, Phi, Phi-3, GPT-J, incl.
   partial rotary; ``docs/maths.md`` §12):
@@ -314,7 +314,9 @@ def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | Non
 #: packed attention classes: class name -> (packed projection, output projection, layout)
 _PACKED = {"GPTNeoXAttention": ("query_key_value", "dense", "per_head"),
            "BloomAttention": ("query_key_value", "dense", "per_head"),
-           "Phi3Attention": ("qkv_proj", "o_proj", "blocks")}
+           "PersimmonAttention": ("query_key_value", "dense", "per_head"),
+           "Phi3Attention": ("qkv_proj", "o_proj", "blocks"),
+           "MptAttention": ("Wqkv", "out_proj", "blocks")}
 _PACKED_NAMES = ("query_key_value", "qkv_proj", "Wqkv", "qkv")
 
 
@@ -333,6 +335,10 @@ def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | N
             f"{', '.join(sorted(_PACKED))}); declare it with hideseek.symmetries.declare_attention(..., "
             f"qkv={packed[0]!r}, layout='blocks' or 'per_head', kv_heads=..., ...)")
     qkv, out, layout = _PACKED[cls]
+    if getattr(mod, "clip_qkv", None):
+        raise UnsupportedAttentionError(
+            f"{name}: clip_qkv={mod.clip_qkv} clamps queries, keys and values elementwise, which "
+            "breaks the GL(h) symmetry of both its query/key and value/output pairs")
     heads = _num_heads(mod, info.model)
     if heads is None:
         raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
