@@ -172,7 +172,7 @@ def _add_model_args(sp):
 
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="hideseek", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{sharpness,symmetries}")
     sp = sub.add_parser("sharpness", help="geodesic or adaptive sharpness of a model on a data file",
                         epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_model_args(sp)
