@@ -12,11 +12,11 @@ from .measures import Measure
 from .relative_flatness import RelativeFlatnessResult, relative_flatness
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
 from .solvers import SolverResult, SolverStep
-from .symmetries import (AttentionBlock, DiagonalPair, FactorPair, SymmetryBlock,
-                         UnsupportedAttentionError, find_symmetries)
+from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair, PairGroup, SymmetryBlock,
+                         UnsupportedAttentionError, declare_attention, find_symmetries)
 
 __version__ = "0.1.0"
-__all__ = ["AdaptiveGeometry", "AttentionBlock", "DiagonalPair", "FactorPair", "Measure", "PairGeometry",
-           "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError", "SharpnessResult", "SolverResult",
-           "SolverStep", "SymmetryBlock", "UnsupportedAttentionError", "find_symmetries", "relative_flatness",
-           "sharpness"]
+__all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
+           "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError",
+           "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
+           "declare_attention", "find_symmetries", "relative_flatness", "sharpness"]
