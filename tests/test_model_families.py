@@ -493,8 +493,10 @@ def test_full_gl_on_rotary_query_key_changes_outputs(fam, built):
 SHARP = dict(rho=0.5, n_iters=3, progress=False)
 
 
-@pytest.mark.parametrize("fam", PLAIN, ids=ids)
+@pytest.mark.parametrize("fam", FAMILIES, ids=ids)
 def test_geodesic_sharpness_invariant_adaptive_not(fam, built):
+    """Rotary families use the rotary geometry (hideseek.geometry.rotary) for their Q/K pairs;
+    families computing q·k in float32 (GPT-J, Cohere) are invariant only to that precision."""
     model = built(fam)
     moved = copy.deepcopy(model)
     act_family(fam, moved, torch.Generator().manual_seed(1))
@@ -504,7 +506,7 @@ def test_geodesic_sharpness_invariant_adaptive_not(fam, built):
     kw = dict(SHARP, exclude=others, loss_fn=fam.loss)
     a = hs.sharpness(model, batches, measure="geodesic", **kw).value
     b = hs.sharpness(moved, batches, measure="geodesic", **kw).value
-    assert a > 0 and abs(a - b) <= 1e-7 * abs(a), (a, b)
+    assert a > 0 and abs(a - b) <= max(1e-7, 10 * fam.tol) * abs(a), (a, b)
     a = hs.sharpness(model, batches, measure="adaptive", **kw).value
     b = hs.sharpness(moved, batches, measure="adaptive", **kw).value
     assert abs(a - b) > 0.02 * abs(a), (a, b)
