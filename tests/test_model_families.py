@@ -159,6 +159,19 @@ def gpt2_layout(m):
     return out
 
 
+def gpt2_cross_layout(m):
+    out = gpt2_layout(m)
+    for blk in m.transformer.h:
+        a = blk.crossattention
+        Wq, bq = a.q_attn.weight, a.q_attn.bias
+        W, b = a.c_attn.weight, a.c_attn.bias           # packed [K; V], Conv1D (in, out)
+        E = Wq.shape[0]
+        d = E // 4
+        out.append(Att(packed_blocks(Wq, bq, 0, d), packed_blocks(W, b, 0, d), packed_blocks(W, b, E, d),
+                       a.c_proj.weight, 4, 4, d, d, transposed=True))
+    return out
+
+
 def bigcode_mqa_layout(m):
     out = []
     for blk in m.transformer.h:
@@ -257,6 +270,13 @@ def lm_batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     return {"input_ids": ids}, torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+
+
+def cross_batch(seed=0):
+    x, y = lm_batch(seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    x["encoder_hidden_states"] = torch.randn(BATCH, 5, 16, generator=g, dtype=torch.float64)
+    return x, y
 
 
 def s2s_batch(seed=0):
@@ -386,6 +406,10 @@ FAMILIES = [
     Family("gpt2", _hf(tr.GPT2LMHeadModel, lambda: tr.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2,
                                                                  n_head=4, n_positions=32)),
            gpt2_layout, lm_batch, 2, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
+    Family("gpt2_cross_attention",
+           _hf(tr.GPT2LMHeadModel, lambda: tr.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=4,
+                                                         n_positions=32, add_cross_attention=True)),
+           gpt2_cross_layout, cross_batch, 4, [("qk", 4, 4, 1), ("vo", 4, 4, 1)], loss=token_loss),
     Family("gpt_bigcode_mqa",
            _hf(tr.GPTBigCodeForCausalLM, lambda: tr.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=16, n_layer=2,
                                                                      n_head=4, n_positions=32, multi_query=True)),
