@@ -142,8 +142,9 @@ def _one_batch(i: int, b) -> tuple[Any, Any]:
     Hugging Face convention: the other entries are the model's keyword inputs)."""
     if isinstance(b, Mapping):
         if "labels" not in b:
+            hint = " (rename 'label' to 'labels')" if "label" in b else ""
             raise SharpnessInputError(
-                f"batch {i} is a dict without 'labels' (keys: {sorted(b)[:8]}); each batch must be a "
+                f"batch {i} is a dict without 'labels' (keys: {sorted(b)[:8]}){hint}; each batch must be a "
                 "pair (inputs, labels) or a dict holding the labels under 'labels' (Hugging Face convention)")
         return {k: v for k, v in b.items() if k != "labels"}, b["labels"]
     if not isinstance(b, (tuple, list)) or len(b) != 2:
@@ -165,9 +166,10 @@ def _check_batches(batches: Iterable) -> list[tuple[Any, Any]]:
     if isinstance(batches, Tensor):
         raise SharpnessInputError("batches must be an iterable of (inputs, labels) pairs, e.g. a "
                                   "DataLoader or [(x, y)], not a single tensor")
-    if isinstance(batches, Mapping) or (isinstance(batches, (tuple, list)) and len(batches) == 2
-                                        and _is_inputs(batches[0]) and isinstance(batches[1], Tensor)
-                                        and not (isinstance(batches[0], Mapping) and "labels" in batches[0])):
+    # A list of batches never holds a bare tensor or a dict without labels: such a first
+    # element means one (inputs, labels) pair was passed on its own.
+    if isinstance(batches, Mapping) or (isinstance(batches, (tuple, list)) and len(batches) == 2 and (
+            isinstance(batches[0], Tensor) or (isinstance(batches[0], Mapping) and "labels" not in batches[0]))):
         batches = [batches]
     out = [_one_batch(i, b) for i, b in enumerate(batches)]
     if not out:

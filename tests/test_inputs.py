@@ -93,11 +93,21 @@ def test_one_pair_not_in_a_list_is_one_batch(mha, data):
     assert a.per_batch == b.per_batch == c.per_batch and len(b.per_batch) == 1
 
 
+def test_one_dict_pair_and_one_dict_batch_not_in_a_list():
+    model = tiny_bert()
+    x, y = bert_batch()
+    a = sharpness(model, [(x, y)], **FAST)
+    assert sharpness(model, (x, y), **FAST).per_batch == a.per_batch
+    assert sharpness(model, dict(x, labels=y), **FAST).per_batch == a.per_batch
+
+
 def test_dict_batch_without_labels_is_refused():
     model = tiny_bert()
-    x, _ = bert_batch()
+    x, y = bert_batch()
     with pytest.raises(SharpnessInputError, match="'labels'"):
         sharpness(model, [x], **FAST)
+    with pytest.raises(SharpnessInputError, match="rename 'label' to 'labels'"):
+        sharpness(model, [dict(x, label=y)], **FAST)
 
 
 # ------------------------------------------------------------------ refusals
