@@ -562,6 +562,22 @@ def test_gpt2_declared_by_hand_equals_discovery():
         assert torch.equal(Ga, Gb) and torch.equal(Ha, Hb)
 
 
+def test_llama_declared_by_hand_equals_discovery():
+    """Grouped-query attention with rotary embeddings declared by hand (rotary_dims,
+    the default "half" pairing) gives the discovered pairs and groups."""
+    model = next(f for f in FAMILIES if f.name == "llama_gqa").build()
+    auto = find_symmetries(model)
+    for i in range(2):
+        declare_attention(model, f"model.layers.{i}.self_attn", heads=4, kv_heads=2, q="q_proj", k="k_proj",
+                          v="v_proj", o="o_proj", rotary_dims=8)
+    declared = find_symmetries(model)
+    params = dict(model.named_parameters())
+    for a, b in zip(auto, declared, strict=True):
+        assert a.groups == b.groups and a.groups[0].rotary == ((0, 4), (1, 5), (2, 6), (3, 7))
+        for (Ga, Ha), (Gb, Hb) in zip(a.split(params), b.split(params)):
+            assert torch.equal(Ga, Gb) and torch.equal(Ha, Hb)
+
+
 def test_spec_in_pairs_equals_registered_declaration():
     torch.manual_seed(0)
     plain = TinyGQAttention().double().eval()
