@@ -264,3 +264,19 @@ def test_geodesic_sharpness_of_rotary_models_invariant_adaptive_not():
         assert geom.sqnorm(px) > 1e-3 * geom.sqnorm(x)
         full = PairGeometry(pg.G, pg.H)
         assert full.sqnorm(*full.project(x[2 * i], x[2 * i + 1])).max() < 1e-18 * geom.sqnorm(x)
+
+
+def test_rank_deficient_head_with_eps_matches_dense():
+    """G with fewer rows than columns (S_G singular): the ε-relaxed invariant projection is
+    still the exact projection of the relaxed metric (the free block's operators stay SPD)."""
+    G, H, xG, xH = make(2, 3, 7, 6, seed=12)
+    G, xG = G[:, :3], xG[:, :3]
+    rot, free = ((0, 2), (1, 3)), (4, 5)
+    geo = RotaryPairGeometry(G, H, "invariant", 0.1, rotary=rot)
+    pG, pH = geo.project(xG, xH)
+    for b in range(2):
+        rG, rH, _, _ = dense_projection(G[b], H[b], xG[b], xH[b], "invariant", 0.1, rot, free)
+        np.testing.assert_allclose(pG[b].numpy(), rG, atol=1e-10)
+        np.testing.assert_allclose(pH[b].numpy(), rH, atol=1e-10)
+    with pytest.raises(ValueError, match="singular"):
+        RotaryPairGeometry(G, H, "invariant", 0.0, rotary=rot)
