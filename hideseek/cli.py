@@ -228,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CLIError, SharpnessInputError, UnsupportedAttentionError, FileNotFoundError, ValueError) as err:
         return _fail(err)
     print(f"{res.name} (rho={args.rho}, {len(res.per_batch)} batches): {res.value:.6g}")
+    if res.norm_share and not args.quiet:
+        print("maximiser's squared norm by where it lies: "
+              + ", ".join(f"{k} {v:.1%}" for k, v in res.norm_share.items()))
     if args.out:
         try:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)

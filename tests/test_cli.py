@@ -22,7 +22,8 @@ def test_cli_sharpness_on_saved_hf_model(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert len(res["per_batch"]) == 3 and res["name"] == "geodesic_mixed"
     assert abs(res["value"] - sum(res["per_batch"]) / 3) < 1e-12
-    assert "geodesic_mixed" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "geodesic_mixed" in printed and "by where it lies: qk " in printed and "free " in printed
     assert main(["symmetries", "--hf", str(tmp_path / "bert")]) == 0
     assert "qk" in capsys.readouterr().out
     out16 = tmp_path / "res_bf16.json"
