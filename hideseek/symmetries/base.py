@@ -320,8 +320,10 @@ class AttentionBlock(SymmetryBlock):
             PairGroup("qk", KV, k * nq, nk, dk, self.rotary, self.rotary_free, k),
             PairGroup("vo", KV, wv.shape[1] + (bv is not None), k * wo.shape[0], dv, (), (), k),
         )
-        with torch.no_grad():
-            self.merge(self.split(params))     # checks packed rows are covered exactly once
+        refs = (self.q, self.k, self.v, *self.q_extra, *self.k_extra)
+        if any(r.weight_sel() is not None or (r.bias and r.bias_sel() is not None) for r in refs):
+            with torch.no_grad():
+                self.merge(self.split(params))     # checks packed rows are covered exactly once
         return self
 
     def split(self, params):
