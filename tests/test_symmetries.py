@@ -166,3 +166,18 @@ def test_rotary_group_elements_commute_with_rotations():
     assert grp.group_name == "GL(1,C)^2 x GL(2)"
     with pytest.raises(ValueError, match="partition"):
         PairGroup("qk", 1, 5, 5, 6, rotary=((0, 2),), rotary_free=(4, 5))
+
+
+def test_packed_rows_must_be_covered_exactly_once():
+    """A block writes packed parameters back whole: rows it does not own (or owns twice) are
+    refused at bind time, not silently dropped by merge."""
+    from hideseek.symmetries import AttentionBlock, LinearRef
+    params = {"qkv": torch.randn(36, 8, dtype=torch.float64), "o": torch.randn(8, 8, dtype=torch.float64)}
+    q, k, v = (LinearRef("qkv", None, rows=(i * 8, (i + 1) * 8)) for i in range(3))   # rows 24..35 unowned
+    with pytest.raises(hs.UnsupportedAttentionError, match="qkv: the declared rows do not cover the packed "
+                       "parameter exactly once"):
+        AttentionBlock("m", 2, q, k, v, "o").bind(params)
+    params["qkv"] = params["qkv"][:24]
+    blk = AttentionBlock("m", 2, q, k, v, "o").bind(params)
+    for n, t in blk.merge(blk.split(params)).items():
+        assert torch.equal(t, params[n])
