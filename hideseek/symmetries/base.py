@@ -198,10 +198,10 @@ class _Pieces:
     in place (``None``: already in order); it is computed, and the pieces checked to cover
     the parameter exactly once, on first use."""
 
-    def __init__(self, perms: dict) -> None:
+    def __init__(self, perms: dict, totals: dict) -> None:
         self.items: dict[str, list[tuple[object, Tensor]]] = {}
         self.transposed: dict[str, bool] = {}
-        self.perms = perms
+        self.perms, self.totals = perms, totals
 
     def add(self, name: str, sel, tensor: Tensor, transposed: bool = False) -> None:
         self.items.setdefault(name, []).append((sel, tensor))
@@ -209,7 +209,7 @@ class _Pieces:
 
     def _perm(self, name: str, items) -> Tensor | None:
         if name not in self.perms:
-            total = sum(t.shape[0] for _, t in items)
+            total = self.totals[name]          # rows of the stored parameter (out-convention)
             pos = torch.cat([_take(torch.arange(total), s) for s, _ in items])
             if len(pos) != total or not torch.equal(torch.sort(pos).values, torch.arange(total)):
                 raise UnsupportedAttentionError(f"{name}: the declared rows do not cover the packed "
@@ -316,6 +316,11 @@ class AttentionBlock(SymmetryBlock):
         self._in_rows = {r: r.get(params)[0].shape[1]
                          for r in (self.q, self.k, self.v, *self.q_extra, *self.k_extra)}
         self._perms: dict = {}
+        self._totals = {}
+        for r in (self.q, self.k, self.v, *self.q_extra, *self.k_extra):
+            self._totals[r.weight] = params[r.weight].shape[1 if r.transposed else 0]
+            if r.bias is not None:
+                self._totals[r.bias] = params[r.bias].shape[0]
         self.groups = (
             PairGroup("qk", KV, k * nq, nk, dk, self.rotary, self.rotary_free, k),
             PairGroup("vo", KV, wv.shape[1] + (bv is not None), k * wo.shape[0], dv, (), (), k),
@@ -340,7 +345,7 @@ class AttentionBlock(SymmetryBlock):
     def merge(self, pairs):
         (Gq, Hk), (Gv, Ho) = pairs
         KV, H = self.kv_heads, self.heads
-        pieces = _Pieces(self._perms)
+        pieces = _Pieces(self._perms, self._totals)
         Gq = Gq.reshape(H, Gq.shape[1] // self.group_size, Gq.shape[2])
         for M, refs, heads in ((Gq, (self.q, *self.q_extra), H), (Hk, (self.k, *self.k_extra), KV),
                                (Gv, (self.v,), KV)):
