@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,6 +96,21 @@ def test_pinned_cpu_kernels_are_checked(tiny_zoo, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-500:]
     assert "'capability': 'AVX2'" in res.stdout
+
+
+def test_relative_flatness_over_the_zoo(tiny_zoo):
+    import hideseek as hs
+    from companion.experiments.relative import run_relative
+
+    out, zoo = tiny_zoo
+    params = {"zoo_dir": str(out), "n_points": 32, "batch_size": 16}
+    values, taus = run_relative(params, n_boot=0)
+    batches = lz.sharpness_batches(out, 32, 16)
+    direct = hs.relative_flatness(lz.load_model(out, "model_001"), batches, layer="classifier")
+    assert values.set_index("model").loc["model_001", "value"] == pytest.approx(direct.value, rel=1e-12)
+    assert (values["method"] == "closed_form").all()
+    np.testing.assert_array_equal(values["gap_hans"], [m["gap_hans"] for m in zoo["models"]])
+    assert taus.empty            # two members: no rank correlation (tau is tested in test_stability)
 
 
 def test_mask_tokens_follows_bert_recipe():

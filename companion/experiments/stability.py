@@ -88,12 +88,10 @@ def measure_one_zoo(zoo_dir: str | Path, p: Mapping[str, Any], *, progress: bool
                         n_iters=int(p["n_iters"]), progress=progress, common={"progress": False})
     frame = frame[["model", "measure", "rho", "value"]]
     if p.get("relative_flatness", True):
-        from hideseek.relative_flatness import relative_flatness
+        from companion.experiments.relative import relative_flatness_values
 
-        rows = [dict(model=name, measure="relative_flatness", rho=float("nan"),
-                     value=relative_flatness(load(), batches, layer="classifier.weight").value)
-                for name, load in loaders]
-        frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+        rf = relative_flatness_values(loaders, batches)[["model", "value"]]
+        frame = pd.concat([frame, rf.assign(measure="relative_flatness", rho=float("nan"))], ignore_index=True)
     return frame
 
 
