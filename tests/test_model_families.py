@@ -705,3 +705,29 @@ def test_earlier_families_still_found_and_invariant(name, build, x, n_blocks):
     moved = apply_random_action(copy.deepcopy(model), blocks, generator=torch.Generator().manual_seed(1),
                                 log_cond=1.5)
     assert rel(run(moved), run(model)) < 1e-10
+
+
+class VisionAndLM(nn.Module):
+    """A ViT (no rotary) beside a Llama (rotary): only the Llama's Q/K get the rotary group."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.vit = tr.ViTModel(tr.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+                                            intermediate_size=32, image_size=8, patch_size=4, num_channels=1))
+        self.lm = tr.LlamaForCausalLM(tr.LlamaConfig(**COMMON))
+
+    def forward(self, img, ids):
+        return torch.cat([self.vit(img).last_hidden_state.flatten(1), self.lm(input_ids=ids).logits.flatten(1)], 1)
+
+
+def test_rotary_only_where_the_attention_applies_it():
+    model = VisionAndLM().double().eval()
+    blocks = find_symmetries(model)
+    rotary = {b.module: bool(b.groups[0].rotary) for b in blocks}
+    assert rotary == {"vit.layers.0.attention": False, "lm.model.layers.0.self_attn": True,
+                      "lm.model.layers.1.self_attn": True}, rotary
+    img, _ = image_batch()
+    ids = lm_batch()[0]["input_ids"]
+    moved = apply_random_action(copy.deepcopy(model), blocks, generator=torch.Generator().manual_seed(1))
+    assert rel(moved(img, ids), model(img, ids)) < 1e-10

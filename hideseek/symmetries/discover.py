@@ -174,26 +174,34 @@ def _rotary_pairs(name: str, mod: nn.Module, r: int):
 
 def _rotary(name: str, mod: nn.Module, info: _Model, dk: int):
     """``(rotary_dims, pairing)`` of the rotary embedding applied in ``mod``, ``(0, "half")``
-    if none; refuses when the model has rotary embeddings that cannot be read."""
+    if none; refuses when the model has rotary embeddings that cannot be read.
+
+    The width is the module's ``rotary_ndims``/``rotary_dim``, else the model's rotary module
+    (``2·len(inv_freq)``) provided ``mod``'s own code mentions rotary embeddings
+    (:func:`_rotary_hint`); the pairing is probed from its ``rotate_half``."""
     r = _int_attr([mod], ("rotary_ndims", "rotary_dim"))
-    if r is None and info.rotary_sizes:
-        sizes = set(info.rotary_sizes.values())
-        if len(sizes) > 1:
-            raise UnsupportedAttentionError(
-                f"{name}: the model has rotary embeddings of different widths "
-                f"{sorted(info.rotary_sizes.items())}; hideseek cannot tell which this attention "
-                "uses; declare it with hideseek.symmetries.declare_attention(..., rotary_dims=...)")
-        r = sizes.pop()
     if r is None:
-        reason = info.rope_in_config() or _rotary_hint(mod)
-        if reason:
-            raise UnsupportedAttentionError(
-                f"{name}: {reason}: rotary position embeddings (RoPE) leave only a subgroup of GL(h) "
-                "on its query/key pairs, and hideseek finds "
-                "no rotary width (a rotary module with inv_freq, or rotary_ndims/rotary_dim) to read "
-                "which dims they rotate; declare the block with hideseek.symmetries.declare_attention(..., "
-                "rotary_dims=..., rotary_pairing=...)")
-        return 0, "half"
+        hint = _rotary_hint(mod)
+        if info.rotary_sizes and hint is None:
+            return 0, "half"    # its code never mentions rotary: e.g. a vision tower beside a rotary LM
+        if info.rotary_sizes:
+            sizes = set(info.rotary_sizes.values())
+            if len(sizes) > 1:
+                raise UnsupportedAttentionError(
+                    f"{name}: the model has rotary embeddings of different widths "
+                    f"{sorted(info.rotary_sizes.items())}; hideseek cannot tell which this attention "
+                    "uses; declare it with hideseek.symmetries.declare_attention(..., rotary_dims=...)")
+            r = sizes.pop()
+        else:
+            reason = hint or info.rope_in_config()
+            if reason:
+                raise UnsupportedAttentionError(
+                    f"{name}: {reason}: rotary position embeddings (RoPE) leave only a subgroup of GL(h) "
+                    "on its query/key pairs, and hideseek finds no rotary width (a rotary module with "
+                    "inv_freq, or rotary_ndims/rotary_dim) to read which dims they rotate; declare the "
+                    "block with hideseek.symmetries.declare_attention(..., rotary_dims=..., "
+                    "rotary_pairing=...)")
+            return 0, "half"
     if r > dk:
         raise UnsupportedAttentionError(f"{name}: rotary embeddings of width {r} exceed the head "
                                         f"width {dk}")
