@@ -67,3 +67,23 @@ def test_geodesic_ratio_is_one_adaptive_moves():
 def test_missing_rho():
     with pytest.raises(ValueError, match="rho"):
         orbit_ratios(_bert(), _batch(), [1.0], {"adaptive": 0.5}, n_iters=1)
+
+
+def test_run_orbit_on_a_zoo_member(tmp_path):
+    """run_orbit reads a zoo member and its first sharpness batch (a tiny zoo, 1 iteration)."""
+    from companion.experiments import language_zoo as lz
+    from companion.experiments.orbit import run_orbit
+
+    spec = {"corpus": {"seed": 1, "n_train": 48, "n_dev": 15, "n_test": 18, "hard_rate": 0.1},
+            "model": {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16},
+            "pretrain": {"steps": 2, "batch_size": 16}, "finetune": {"n_models": 1, "epochs": 1.0, "batch_size": 16}}
+    lz.train_zoo(lz.ZooSpec.from_dict(spec), tmp_path / "z", progress=False)
+    frame = run_orbit({"zoo_dir": str(tmp_path / "z"), "batch_size": 16, "scales": [0.1, 10.0], "n_iters": 1,
+                       "rho": {"geodesic_mixed": 0.01, "adaptive": 0.1, "geodesic_invariant": 0.01},
+                       "dtype": "float64"}, progress=False)
+    assert set(frame["model"]) == {"model_000"} and set(frame["dtype"]) == {"float64"}
+    assert len(frame) == 6 and (frame["max_logit_change"] < 1e-10).all()
+    geo = frame[frame["measure"] != "adaptive"]
+    assert (np.abs(np.log(geo["ratio"])) < 1e-7).all()
+    with pytest.raises(ValueError, match="dtype"):
+        run_orbit({"zoo_dir": str(tmp_path / "z"), "batch_size": 16, "rho": {}, "dtype": "half"})

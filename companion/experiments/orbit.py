@@ -132,7 +132,9 @@ def run_orbit(params: Mapping[str, Any], *, progress: bool = True):
 
     ``params``: ``zoo_dir``, ``model`` (member name, default the first), ``data_seed`` and
     ``batch_size`` (which training pairs: the first sharpness batch), ``scales`` (default
-    ``logspace(-2, 2, 9)``), ``rho`` (per measure), ``n_iters``, ``seed``, ``action_seeds``.
+    ``logspace(-2, 2, 9)``), ``rho`` (per measure), ``n_iters``, ``seed``, ``action_seeds``,
+    ``dtype`` (``"float64"`` separates the solver's invariance from float32 rounding, which
+    the conditioning of ``A`` amplifies; default ``"float32"``, the zoo's).
     """
     from companion.experiments import language_zoo as lz
 
@@ -142,8 +144,11 @@ def run_orbit(params: Mapping[str, Any], *, progress: bool = True):
     name = p.get("model") or zoo["models"][0]["name"]
     bs = int(p.get("batch_size", 128))
     batch = lz.sharpness_batches(zoo_dir, bs, bs, int(p.get("data_seed", 0)))[0]
-    model = lz.load_model(zoo_dir, name, p.get("device", "cpu"))
+    dtype = {"float32": torch.float32, "float64": torch.float64}.get(str(p.get("dtype", "float32")))
+    if dtype is None:
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {p.get('dtype')!r}")
+    model = lz.load_model(zoo_dir, name, p.get("device", "cpu")).to(dtype)
     scales = [float(s) for s in (p.get("scales") or np.logspace(-2, 2, 9))]
     return orbit_ratios(model, batch, scales, p["rho"], n_iters=int(p.get("n_iters", 20)),
                         seed=int(p.get("seed", 0)), action_seeds=[int(s) for s in p.get("action_seeds", [0])],
-                        progress=progress).assign(model=name)
+                        progress=progress).assign(model=name, dtype=str(dtype).replace("torch.", ""))
