@@ -1,7 +1,7 @@
 """Relative flatness over the language zoo (camera-ready Fig. 6, "relative sharpness").
 
 The camera-ready paper sets relative flatness (Petzka et al. 2021;
-:func:`hideseek.relative_flatness`, docs/maths.md "Relative flatness") of the classifier
+:func:`hideseek.relative_flatness`, docs/maths.md §11) of the classifier
 on top of the pooled features beside geodesic sharpness, on the same models and the
 same training batches, and finds no significant correlation with the gap.  This module
 computes it for every member of a trained language zoo and its Kendall tau against the
