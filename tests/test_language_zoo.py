@@ -167,6 +167,12 @@ def test_finetune_is_deterministic_and_seeded(tmp_path):
     s1, s2, s3 = m1.state_dict(), m2.state_dict(), m3.state_dict()
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     assert not torch.equal(s1["classifier.weight"], s3["classifier.weight"])
+    # the recipe's dropout override reaches the model; default: the pre-trained config's
+    assert m1.config.hidden_dropout_prob == 0.1 and m1.config.attention_probs_dropout_prob == 0.1
+    spec0 = lz.ZooSpec.from_dict({**TINY, "finetune": {**TINY["finetune"], "dropout": 0.0}})
+    m4, l4 = lz.finetune(spec0, data, tmp_path / "pre", seed=3)
+    assert m4.config.hidden_dropout_prob == 0.0 and m4.config.attention_probs_dropout_prob == 0.0
+    assert l4 != l1
     # and the pre-training itself is reproducible
     p1, _ = lz.pretrain(spec, data, None, progress=False)
     p2, _ = lz.pretrain(spec, data, None, progress=False)

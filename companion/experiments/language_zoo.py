@@ -105,6 +105,8 @@ class FinetuneSpec:
     lr: float = 2e-3
     weight_decay: float = 0.01
     warmup_frac: float = 0.1
+    # hidden and attention dropout while fine-tuning; None: the pre-trained model's (`model`)
+    dropout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -350,9 +352,11 @@ def finetune(spec: ZooSpec, data: Data, pretrained_dir: str | Path, seed: int,
         torch.manual_seed(seed)
         hf_logging.set_verbosity_error()  # "newly initialised classifier" is expected
         try:
+            drop = {} if f.dropout is None else {"hidden_dropout_prob": f.dropout,
+                                                 "attention_probs_dropout_prob": f.dropout}
             model = BertForSequenceClassification.from_pretrained(
                 pretrained_dir, num_labels=len(nc.LABELS), local_files_only=True,
-                id2label=dict(enumerate(nc.LABELS)), label2id=nc.LABEL_ID)
+                id2label=dict(enumerate(nc.LABELS)), label2id=nc.LABEL_ID, **drop)
         finally:
             hf_logging.set_verbosity(verbosity)
         device = resolve_device(spec.device)
