@@ -13,7 +13,10 @@ and :func:`headline` read it):
          "tau": {measure: t, ...},              # Kendall tau of sharpness vs generalisation
          "ci":  {measure: [lo, hi], ...},       # optional, bootstrap 95 % interval
          "rho": r | {measure: r, ...},          # optional
-         "n_models": n}
+         "n_models": n,
+         "spread": {measure: {"mean", "std", "min", "max",   # optional: tau of the same
+                              "n_zoos", "n_models", "taus"}}} # measure at the same rho over
+                                                 # independently seeded zoos (:func:`tau_spread`)
 
 ``reports/headline/<stage>.json`` (small; DVC ``metrics:``)
     derived from the full file by :func:`headline`: the first Table 1 entry's
@@ -80,6 +83,32 @@ def table1_entry(row: str, variant: str, table, *, measures: Iterable[str] | Non
             "n_models": int(n_models)}
 
 
+def tau_spread(taus, *, measures: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The ``spread`` of a Table 1 entry: tau of each measure over independently seeded zoos.
+
+    ``taus`` has one row per (zoo, measure) with columns ``zoo``, ``measure``, ``tau`` and
+    ``n`` (models in that zoo). Per measure: ``mean``, ``std`` (sample, ddof 1; NaN for one
+    zoo), ``min``, ``max``, ``n_zoos``, ``n_models`` (per zoo, a list) and ``taus`` (per zoo,
+    in the frame's order). Zoos whose tau is undefined count in ``n_zoos`` but not in the
+    statistics.
+    """
+    names = list(dict.fromkeys(taus["measure"])) if measures is None else list(measures)
+    out: dict[str, dict[str, Any]] = {}
+    for m in names:
+        sub = taus[taus["measure"] == m]
+        if sub.empty:
+            raise ValueError(f"no tau for measure {m!r} in the spread table")
+        t = sub["tau"].to_numpy(dtype=float)
+        ok = t[np.isfinite(t)]
+        out[m] = {"mean": float(ok.mean()) if ok.size else float("nan"),
+                  "std": float(ok.std(ddof=1)) if ok.size > 1 else float("nan"),
+                  "min": float(ok.min()) if ok.size else float("nan"),
+                  "max": float(ok.max()) if ok.size else float("nan"),
+                  "n_zoos": int(len(t)), "n_models": [int(n) for n in sub["n"]],
+                  "taus": [float(v) for v in t]}
+    return out
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, Mapping):
         return {k: _jsonable(v) for k, v in x.items()}
@@ -128,13 +157,13 @@ def headline(data: Mapping[str, Any]) -> dict[str, Any] | None:
     Printed by ``dvc metrics show`` (scalars): ``n`` and ``tau.<measure>`` of
     the first entry (the held-out half where a stage reports one). Kept in the
     file but not printed (DVC skips lists): ``table1``, every entry's
-    ``variant``, ``n_models``, ``rho``, ``tau`` and ``ci``.
+    ``variant``, ``n_models``, ``rho``, ``tau``, ``ci`` and ``spread``.
     """
     entries = table1_entries(data)
     if not entries:
         return None
     first = entries[0]
-    keep = ("variant", "n_models", "rho", "tau", "ci")
+    keep = ("variant", "n_models", "rho", "tau", "ci", "spread")
     return {"n": first.get("n_models"), "tau": dict(first["tau"]),
             "table1": [{k: e[k] for k in keep if k in e} for e in entries]}
 

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from companion.experiments.vision_zoo import PAPER_TAU, VisionResults, load_zoo, measure_vision_zoo
+from companion.experiments.vision_zoo import PAPER_TAU, VisionResults, load_zoo, measure_stability, measure_vision_zoo
 
 
 #: Hyperparameters whose Kendall tau with the gap the report shows (trained zoos only).
-HP_COLUMNS = ("lr", "weight_decay", "epochs", "batch_size", "label_smoothing", "shift", "noise_std", "subset_size",
-              "label_noise")
+HP_COLUMNS = ("lr", "weight_decay", "epochs", "batch_size", "label_smoothing", "shift", "noise_std", "mixup_alpha")
 
 
 @dataclass
@@ -32,15 +31,42 @@ class VisionReport:
     between: Any            # DataFrame: Kendall tau between the measures (each at its chosen rho)
     track: Any              # DataFrame: tau of each measure with gap, test error, train error
     n_in_pairs: int         # parameters of the first model that lie in GL(h) attention pairs
+    stability: Any          # None, or DataFrame: tau per (stability zoo, measure) at the main zoo's chosen rho
+    stability_members: Any  # None, or DataFrame: every stability-zoo member's errors and gap
+    stability_seconds: Any  # None, or dict: sharpness seconds per stability zoo and in total
     metrics: dict           # the metrics JSON written to out_dir/metrics/vision.json
 
 
-def report_metrics(res: VisionResults, clip_soups: bool) -> dict:
-    """The ``vision`` stage's metrics (layout: :mod:`companion.metrics`)."""
+def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stability_members=None,
+                   stability_seconds=None) -> dict:
+    """The ``vision`` stage's metrics (layout: :mod:`companion.metrics`).
+
+    With ``stability`` (tau per stability zoo, :func:`measure_stability`), the whole-zoo
+    Table 1 entry carries its ``spread`` and the metrics a ``stability`` block.
+    """
     from companion import metrics as cm
 
     members, table, proto, meta = res.members, res.table, res.protocol, res.meta
     gap = members["gap"]
+    entry_all = cm.table1_entry("vision", "all models, same ρ (ρ chosen on half of them)", table, models="all")
+    extra = {}
+    if stability is not None:
+        spread = cm.tau_spread(stability)
+        entry_all["spread"] = spread
+        sm = stability_members
+        extra["stability"] = {
+            "what": ("Kendall tau over all members of each independently seeded zoo (own pre-training and "
+                     "fine-tuning seeds, same recipe), each measure at the rho chosen on the main zoo's selection half"),
+            "zoos": stability.to_dict("records"), "summary": spread,
+            "population": {z: {"n_models": int(len(g)), "train_error_min": float(g["train_error"].min()),
+                               "train_error_max": float(g["train_error"].max()),
+                               "test_error_min": float(g["test_error"].min()),
+                               "test_error_max": float(g["test_error"].max()),
+                               "gap_min": float(g["gap"].min()), "gap_max": float(g["gap"].max()),
+                               "training_seconds": float(g["zoo_training_seconds"].iloc[0])}
+                           for z, g in sm.groupby("zoo", sort=False)},
+            "seconds": stability_seconds,
+        }
     return {
         "table1_row": "ImageNet",
         "setting": (f"model-soups CLIP zoo ({len(members)} ViT-B/32 fine-tunes on ImageNet)" if clip_soups
@@ -50,7 +76,7 @@ def report_metrics(res: VisionResults, clip_soups: bool) -> dict:
         "table1": [
             cm.table1_entry("vision", f"held-out half (ρ chosen on the other {int(table['n_eval'].iloc[0])} models)",
                             table, models="eval"),
-            cm.table1_entry("vision", "all models, same ρ (ρ chosen on half of them)", table, models="all"),
+            entry_all,
         ],
         "protocol": {k: proto[k] for k in ("n_models", "n_images", "batch_size", "n_batches", "n_iters", "rho_grid",
                                            "seed", "split_seed", "n_boot", "n_parameters", "model")},
@@ -59,12 +85,14 @@ def report_metrics(res: VisionResults, clip_soups: bool) -> dict:
         "zoo": {"n_models": len(members), "gap_min": float(gap.min()), "gap_max": float(gap.max()),
                 "gap_median": float(gap.median()), "test_error_min": float(members["test_error"].min()),
                 "test_error_max": float(members["test_error"].max()),
+                "train_error_min": float(members["train_error"].min()),
+                "train_error_max": float(members["train_error"].max()),
                 "pretrain_test_error": None if clip_soups else meta["pretrain"]["test_error"]},
-    }
+    } | extra
 
 
 def save_report_data(res: VisionResults, out_dir: str | Path) -> None:
-    """``out_dir/data``: sharpness.csv, members.csv, taus.csv, tau_vs_rho.csv."""
+    """``out_dir/data``: sharpness.csv, members.csv, taus.csv, tau_vs_rho.csv."""  # stability: run_report
     data = Path(out_dir) / "data"
     data.mkdir(parents=True, exist_ok=True)
     frame = res.frame
@@ -81,8 +109,10 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, *, progress: bool
     :func:`measure_vision_zoo`, then the diagnostics (Kendall τ of the
     hyperparameters with the gap, between the measures at their chosen ρ, and of
     each measure with gap / test error / train error; the number of parameters in
-    GL(h) pairs), ``out_dir/metrics/vision.json`` (:func:`report_metrics`) and
-    ``out_dir/data/*.csv`` (:func:`save_report_data`). The notebook only plots.
+    GL(h) pairs), then, when ``zoo_dir/stability`` holds zoos, their tau at the chosen
+    radii (:func:`measure_stability`); ``out_dir/metrics/vision.json``
+    (:func:`report_metrics`) and ``out_dir/data/*.csv`` (:func:`save_report_data`,
+    ``stability.csv``, ``stability_members.csv``). The notebook only plots.
     """
     import pandas as pd
     from scipy import stats
@@ -108,8 +138,15 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, *, progress: bool
     probe = load_zoo(params["zoo_dir"], device="cpu")[1][0][1]()  # the first model of the zoo
     named = dict(probe.named_parameters())
     n_in_pairs = sum(named[n].numel() for b in hs.find_symmetries(probe) for n in b.param_names)
-    metrics = report_metrics(res, clip_soups)
+    stab = None if clip_soups else measure_stability(
+        params, {m: float(table.set_index("measure").loc[m, "rho"]) for m in measures}, progress=progress)
+    stability, stability_members, stability_seconds = stab if stab is not None else (None, None, None)
+    metrics = report_metrics(res, clip_soups, stability, stability_members, stability_seconds)
     cm.write_stage_metrics(out, "vision", metrics)
     save_report_data(res, out)
+    if stability is not None:
+        stability.to_csv(out / "data" / "stability.csv", index=False)
+        stability_members.to_csv(out / "data" / "stability_members.csv", index=False)
     return VisionReport(result=res, measures=measures, clip_soups=clip_soups, hp_rank=hp_rank, between=between,
-                        track=track, n_in_pairs=int(n_in_pairs), metrics=metrics)
+                        track=track, n_in_pairs=int(n_in_pairs), stability=stability,
+                        stability_members=stability_members, stability_seconds=stability_seconds, metrics=metrics)

@@ -1,7 +1,9 @@
 """Vision zoo (Figure 4, Table 1 row "ImageNet" analogue): small open_clip ViTs on 8x8 digits.
 
-The paper measures 72 CLIP ViT-B/32 fine-tunes on ImageNet that differ only in their
-fine-tuning hyperparameters (Wortsman et al., 2022). The ``cpu`` analogue here:
+The paper measures 72 CLIP ViT-B/32 fine-tunes on ImageNet (model soups, Wortsman et al.,
+2022): one contrastively pre-trained CLIP, fine-tuned on all of the same training data with
+randomly drawn learning rate, weight decay, epochs, label smoothing, data augmentation and
+mixup. The ``cpu`` analogue here follows that shape:
 
 * **Data.** scikit-learn's 8x8 digits (1797 images, shipped inside the package, no
   download), split once by a fixed seed into a training pool and a test set. Pixels are
@@ -11,28 +13,30 @@ fine-tuning hyperparameters (Wortsman et al., 2022). The ``cpu`` analogue here:
   packed ``nn.MultiheadAttention``, ``ln_post``, projection ``proj``) with a one-channel
   patch embedding, followed, as in CLIP classifiers, by L2-normalised features, a fixed
   logit scale and a linear head.
-* **Shared initialisation.** One random initialisation, pre-trained once, briefly, with
-  fixed hyperparameters on a fixed part of the pool; every zoo member is fine-tuned from
-  that same checkpoint (the analogue of all model-soup members starting from the same
-  CLIP weights), so the zoo is a population of fine-tunes, not of independent trainings.
-* **Fine-tuning.** Each member draws learning rate, weight decay, epochs, batch size,
-  label smoothing, augmentation (random pixel shifts, Gaussian input noise), training
-  subset size and label noise; AdamW with a cosine schedule.
-* **Sharpness set.** A fixed set of pool images (the first ``n_sharpness`` of the fixed
-  permutation). It is part of every member's training subset and never receives label
-  noise, so it is "training data with their labels" for every member alike.
-* **Gap.** test error - train error, where the train error is measured on the member's
-  own training images whose labels were not corrupted (for members without label noise:
-  its whole training subset). With label noise, the error against the labels it was
-  trained on would make a member that *resists* the noise look like it has a negative
-  gap; on the uncorrupted images, memorising the noise shows up as what it is, a larger
-  test error at an unchanged training error. Also recorded: the error on all training
-  labels as trained (``train_error_fit``), on all true labels (``train_error_clean``)
-  and on the sharpness set.
+* **Shared pre-trained start.** One seeded random initialisation, pre-trained once
+  *contrastively* (SimCLR-style: two augmented views of every pool image, InfoNCE on the
+  normalised image embeddings; no labels), as CLIP was pre-trained by a contrastive
+  objective and not by the fine-tuning task. The classifier head then starts as the
+  normalised class centroids of the pre-trained embeddings over the pool (a stand-in for
+  CLIP's zero-shot text head). ``pretrain.objective: supervised`` keeps the older,
+  labelled pre-training on a fixed part of the pool instead. Every member is fine-tuned
+  from this one checkpoint.
+* **Fine-tuning.** Every member trains on the *whole* pool (no subsets, no label noise)
+  and draws learning rate, weight decay, epochs, batch size, label smoothing,
+  augmentation (random pixel shifts, Gaussian input noise) and mixup (with probability
+  ``p_mixup``, Beta(alpha, alpha) mixing with ``alpha`` drawn from its range); AdamW with
+  a cosine schedule.
+* **Sharpness set.** The first ``n_sharpness`` pool images (of the fixed permutation):
+  training images with their labels, the same for every member.
+* **Gap.** test error - train error, the train error over the whole pool (unaugmented,
+  unmixed).
 
 ``python -m companion.experiments.vision_zoo train --out data/zoos/vision`` trains a zoo
 from the ``vision_train`` section of ``params.yaml`` and writes ``init.pt`` (the shared
-checkpoint), ``model_XXX.pt`` (one state dict per member) and ``zoo.json``.
+checkpoint), ``model_XXX.pt`` (one state dict per member) and ``zoo.json``; with a
+``stability`` block it also trains ``stability.n_zoos`` smaller zoos into
+``stability/zoo_J`` (their own pre-training and fine-tuning seeds, the same recipe), for
+the spread of tau over zoo seeds.
 """
 from __future__ import annotations
 
@@ -174,11 +178,28 @@ def error_rate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: i
     return wrong / len(y)
 
 
+def mixup_batch(x: torch.Tensor, y: torch.Tensor, lam: float, perm: torch.Tensor):
+    """Mixup (Zhang et al., 2018): ``lam * x + (1 - lam) * x[perm]``; returns ``(x_mixed, y, y[perm])``."""
+    return lam * x + (1.0 - lam) * x[perm], y, y[perm]
+
+
+def mixup_loss(logits: torch.Tensor, y_a: torch.Tensor, y_b: torch.Tensor, lam: float,
+               label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy against the mixed (and smoothed) targets: ``lam * CE(y_a) + (1 - lam) * CE(y_b)``."""
+    return (lam * F.cross_entropy(logits, y_a, label_smoothing=label_smoothing)
+            + (1.0 - lam) * F.cross_entropy(logits, y_b, label_smoothing=label_smoothing))
+
+
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, weight_decay: float, epochs: int,
         batch_size: int, label_smoothing: float = 0.0, shift: int = 0, noise_std: float = 0.0,
-        background: float = 0.0, seed: int = 0) -> nn.Module:
-    """AdamW with a cosine learning-rate decay over all steps; deterministic given ``seed``."""
+        mixup_alpha: float = 0.0, background: float = 0.0, seed: int = 0) -> nn.Module:
+    """AdamW with a cosine learning-rate decay over all steps; deterministic given ``seed``.
+
+    ``mixup_alpha > 0``: every batch is mixed with a permutation of itself, the weight
+    drawn from Beta(alpha, alpha) (:func:`mixup_batch`, :func:`mixup_loss`).
+    """
     gen = torch.Generator().manual_seed(seed)
+    beta = np.random.default_rng(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     n = len(y)
     steps_per_epoch = math.ceil(n / batch_size)
@@ -190,7 +211,12 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, weight
         for i in range(0, n, batch_size):
             idx = perm[i : i + batch_size].to(x.device)
             xb = augment(x[idx], shift, noise_std, background, gen)
-            loss = F.cross_entropy(model(xb), y[idx], label_smoothing=label_smoothing)
+            if mixup_alpha > 0:
+                lam = float(beta.beta(mixup_alpha, mixup_alpha))
+                xb, ya, yb = mixup_batch(xb, y[idx], lam, torch.randperm(len(idx), generator=gen).to(x.device))
+                loss = mixup_loss(model(xb), ya, yb, lam, label_smoothing)
+            else:
+                loss = F.cross_entropy(model(xb), y[idx], label_smoothing=label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -203,14 +229,27 @@ def _loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
 
 
-def sample_hparams(rng: np.random.Generator, ranges: Mapping[str, Any], n_pool: int, n_sharpness: int) -> dict:
-    """One member's fine-tuning hyperparameters drawn from ``ranges`` (see ``params.yaml``)."""
-    sub_lo, sub_hi = ranges["subset_size"]
-    sub_lo, sub_hi = max(int(sub_lo), n_sharpness), min(int(sub_hi), n_pool)
-    if sub_lo > sub_hi:
-        raise ValueError(f"subset_size range empty after clipping to [{n_sharpness}, {n_pool}]")
+#: Fine-tuning ranges that belong to the older label-noise / subset design, rejected now.
+_DROPPED = ("subset_size", "label_noise", "p_label_noise")
+
+
+def sample_hparams(rng: np.random.Generator, ranges: Mapping[str, Any]) -> dict:
+    """One member's fine-tuning hyperparameters drawn from ``ranges`` (see ``params.yaml``).
+
+    lr and weight decay log-uniform; epochs uniform integers; batch size and shift a choice;
+    label smoothing uniform; input noise with probability ``p_input_noise`` (std uniform in
+    ``noise_std``), mixup with probability ``p_mixup`` (alpha uniform in ``mixup_alpha``).
+    """
+    old = [k for k in _DROPPED if k in ranges]
+    if old:
+        raise ValueError(f"ranges {old} are no longer supported: every member trains on the whole pool, "
+                         "without label noise (model-soups design)")
+    missing = [k for k in ("lr", "weight_decay", "epochs", "batch_size", "label_smoothing", "shift", "noise_std")
+               if k not in ranges]
+    if missing:
+        raise ValueError(f"ranges lack {missing}")
     noise_p = float(ranges.get("p_input_noise", 0.5))
-    label_noise_p = float(ranges.get("p_label_noise", 0.5))
+    mixup_p = float(ranges.get("p_mixup", 0.0))
     hp = dict(
         lr=_loguniform(rng, *ranges["lr"]),
         weight_decay=_loguniform(rng, *ranges["weight_decay"]),
@@ -219,58 +258,33 @@ def sample_hparams(rng: np.random.Generator, ranges: Mapping[str, Any], n_pool: 
         label_smoothing=float(rng.uniform(*ranges["label_smoothing"])),
         shift=int(rng.choice(ranges["shift"])),
         noise_std=float(rng.uniform(*ranges["noise_std"])) if rng.uniform() < noise_p else 0.0,
-        subset_size=int(rng.integers(sub_lo, sub_hi + 1)),
-        label_noise=float(rng.uniform(*ranges["label_noise"])) if rng.uniform() < label_noise_p else 0.0,
+        mixup_alpha=float(rng.uniform(*ranges["mixup_alpha"])) if rng.uniform() < mixup_p else 0.0,
     )
     return hp
 
 
-def member_data(data: DigitsData, hp: Mapping[str, Any], n_sharpness: int, seed: int):
-    """Training subset of one member: the sharpness set plus a random draw from the rest of
-    the pool; a fraction ``label_noise`` of the non-sharpness images get a random wrong label.
-
-    Returns ``(x, y, y_clean, corrupted, idx)``: images, training labels, true labels, a
-    boolean mask of the corrupted images and their indices into the pool.
-    """
-    rng = np.random.default_rng(seed)
-    n_pool = len(data.y_pool)
-    rest = rng.permutation(np.arange(n_sharpness, n_pool))[: hp["subset_size"] - n_sharpness]
-    idx = np.concatenate([np.arange(n_sharpness), np.sort(rest)])
-    x, y_clean = data.x_pool[idx], data.y_pool[idx]
-    y = y_clean.clone()
-    corrupted = torch.zeros(len(idx), dtype=torch.bool)
-    n_noisy = int(round(hp["label_noise"] * len(rest)))
-    if n_noisy:
-        noisy = torch.tensor(n_sharpness + rng.choice(len(rest), size=n_noisy, replace=False))
-        offset = torch.tensor(rng.integers(1, N_CLASSES, size=n_noisy))
-        y[noisy] = (y_clean[noisy] + offset) % N_CLASSES
-        corrupted[noisy] = True
-    return x, y, y_clean, corrupted, idx
+def _on(data: DigitsData, device: str) -> DigitsData:
+    return DigitsData(data.x_pool.to(device), data.y_pool.to(device), data.x_test.to(device),
+                      data.y_test.to(device), data.mean, data.std)
 
 
 def train_member(init_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], data: DigitsData,
                  hp: Mapping[str, Any], n_sharpness: int, seed: int, device: str = "cpu") -> tuple[DigitsViT, dict]:
-    """Fine-tune one member from the shared checkpoint; returns the model (on the CPU) and its record."""
+    """Fine-tune one member from the shared checkpoint on the whole pool; returns the model (on the CPU) and its record."""
     model = DigitsViT(**config)
     model.load_state_dict(init_state)
     model.to(device)
-    x, y, y_clean, corrupted, idx = member_data(data, hp, n_sharpness, seed)
-    x, y, y_clean, corrupted = x.to(device), y.to(device), y_clean.to(device), corrupted.to(device)
-    data = DigitsData(data.x_pool.to(device), data.y_pool.to(device), data.x_test.to(device),
-                      data.y_test.to(device), data.mean, data.std)
+    data = _on(data, device)
     t0 = time.perf_counter()
-    fit(model, x, y, lr=hp["lr"], weight_decay=hp["weight_decay"], epochs=hp["epochs"],
+    fit(model, data.x_pool, data.y_pool, lr=hp["lr"], weight_decay=hp["weight_decay"], epochs=hp["epochs"],
         batch_size=hp["batch_size"], label_smoothing=hp["label_smoothing"], shift=hp["shift"],
-        noise_std=hp["noise_std"], background=data.background, seed=seed)
+        noise_std=hp["noise_std"], mixup_alpha=hp.get("mixup_alpha", 0.0), background=data.background, seed=seed)
     seconds = time.perf_counter() - t0
-    clean = ~corrupted
-    train_error = error_rate(model, x[clean], y[clean])
+    train_error = error_rate(model, data.x_pool, data.y_pool)
     test_error = error_rate(model, data.x_test, data.y_test)
     record = dict(
-        hparams=dict(hp), seed=seed, n_train=len(idx), n_corrupted=int(corrupted.sum()),
+        hparams=dict(hp), seed=seed, n_train=len(data.y_pool),
         train_error=train_error,
-        train_error_fit=error_rate(model, x, y),
-        train_error_clean=error_rate(model, x, y_clean),
         sharpness_set_error=error_rate(model, data.x_pool[:n_sharpness], data.y_pool[:n_sharpness]),
         test_error=test_error,
         gap=test_error - train_error,
@@ -279,20 +293,90 @@ def train_member(init_state: Mapping[str, torch.Tensor], config: Mapping[str, An
     return model.cpu(), record
 
 
+def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SimCLR's NT-Xent: each of the 2B normalised embeddings must pick its other view among the other 2B - 1."""
+    z = F.normalize(torch.cat([z1, z2]), dim=-1)
+    b = len(z1)
+    sim = z @ z.T / temperature
+    sim = sim.masked_fill(torch.eye(2 * b, dtype=torch.bool, device=z.device), float("-inf"))
+    target = torch.cat([torch.arange(b, 2 * b), torch.arange(0, b)]).to(z.device)
+    return F.cross_entropy(sim, target)
+
+
+@torch.no_grad()
+def centroid_head(model: DigitsViT, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Set the head to the normalised class centroids of the normalised embeddings, bias 0."""
+    model.eval()
+    feats = F.normalize(model.visual(x), dim=-1)
+    cents = torch.stack([feats[y == c].mean(0) for c in range(N_CLASSES)])
+    model.head.weight.copy_(F.normalize(cents, dim=-1))
+    model.head.bias.zero_()
+
+
+def pretrain_contrastive(model: DigitsViT, x: torch.Tensor, *, epochs: int, lr: float, weight_decay: float,
+                         batch_size: int, temperature: float, shift: int, noise_std: float, background: float,
+                         seed: int) -> list[float]:
+    """SimCLR-style pre-training of ``model.visual`` on unlabelled images; returns the mean loss per epoch."""
+    gen = torch.Generator().manual_seed(seed)
+    params = list(model.visual.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    n = len(x)
+    total = max(1, epochs * math.ceil(n / batch_size))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    losses = []
+    model.train()
+    for _ in range(epochs):
+        perm, run = torch.randperm(n, generator=gen), []
+        for i in range(0, n - 1, batch_size):
+            xb = x[perm[i : i + batch_size].to(x.device)]
+            if len(xb) < 2:
+                continue
+            v1 = augment(xb, shift, noise_std, background, gen)
+            v2 = augment(xb, shift, noise_std, background, gen)
+            loss = info_nce(model.visual(v1), model.visual(v2), temperature)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            run.append(loss.item())
+        losses.append(float(np.mean(run)))
+    model.eval()
+    return losses
+
+
 def pretrain(config: Mapping[str, Any], data: DigitsData, pre: Mapping[str, Any], seed: int,
              device: str = "cpu") -> tuple[DigitsViT, dict]:
-    """The shared checkpoint: a seeded random init, trained briefly on a fixed pool subset."""
+    """The shared checkpoint from a seeded random init.
+
+    ``pre["objective"]`` ``"contrastive"`` (default): :func:`pretrain_contrastive` on the
+    whole pool without labels, then :func:`centroid_head`. ``"supervised"``: cross-entropy
+    on a fixed part of the pool (``n_images``) with the labels (the older design).
+    """
     model = build_model(config, seed).to(device)
-    data = DigitsData(data.x_pool.to(device), data.y_pool.to(device), data.x_test.to(device),
-                      data.y_test.to(device), data.mean, data.std)
-    n = int(pre.get("n_images", 0))
-    record = dict(n_images=n, epochs=int(pre.get("epochs", 0)))
-    if n > 0 and pre.get("epochs", 0) > 0:
-        idx = np.sort(np.random.default_rng(seed).permutation(len(data.y_pool))[:n])
-        sel = torch.as_tensor(idx, device=device)
-        fit(model, data.x_pool[sel], data.y_pool[sel], lr=float(pre["lr"]), weight_decay=float(pre["weight_decay"]),
-            epochs=int(pre["epochs"]), batch_size=int(pre["batch_size"]), seed=seed)
-        record["indices"] = idx.tolist()
+    data = _on(data, device)
+    objective = str(pre.get("objective", "contrastive"))
+    epochs = int(pre.get("epochs", 0))
+    record: dict[str, Any] = dict(objective=objective, epochs=epochs)
+    if objective == "contrastive":
+        if epochs > 0:
+            record["loss"] = pretrain_contrastive(
+                model, data.x_pool, epochs=epochs, lr=float(pre["lr"]), weight_decay=float(pre["weight_decay"]),
+                batch_size=int(pre["batch_size"]), temperature=float(pre.get("temperature", 0.2)),
+                shift=int(pre.get("shift", 1)), noise_std=float(pre.get("noise_std", 0.3)),
+                background=data.background, seed=seed)
+        record["n_images"] = len(data.y_pool)
+        centroid_head(model, data.x_pool, data.y_pool)
+    elif objective == "supervised":
+        n = int(pre.get("n_images", 0))
+        record["n_images"] = n
+        if n > 0 and epochs > 0:
+            idx = np.sort(np.random.default_rng(seed).permutation(len(data.y_pool))[:n])
+            sel = torch.as_tensor(idx, device=device)
+            fit(model, data.x_pool[sel], data.y_pool[sel], lr=float(pre["lr"]), weight_decay=float(pre["weight_decay"]),
+                epochs=epochs, batch_size=int(pre["batch_size"]), seed=seed)
+            record["indices"] = idx.tolist()
+    else:
+        raise ValueError(f"pretrain.objective must be 'contrastive' or 'supervised', got {objective!r}")
     record["test_error"] = error_rate(model, data.x_test, data.y_test)
     record["pool_error"] = error_rate(model, data.x_pool, data.y_pool)
     return model.cpu(), record
@@ -301,8 +385,14 @@ def pretrain(config: Mapping[str, Any], data: DigitsData, pre: Mapping[str, Any]
 # --------------------------------------------------------------------------- zoo
 
 
-def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = True) -> dict:
-    """Train the whole zoo described by ``params`` (a resolved ``vision_train`` section) into ``out``."""
+def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = True, desc: str = "vision zoo") -> dict:
+    """Train the zoo described by ``params`` (a resolved ``vision_train`` section) into ``out``.
+
+    The pre-training seed is ``seed``, member ``i``'s fine-tuning seed ``seed * 100003 + i + 1``
+    and the hyperparameters are drawn from ``numpy.random.default_rng(seed)``. A
+    ``stability`` block (``n_zoos``, ``n_models``, ``seeds``) is trained by
+    :func:`train_stability`, not here.
+    """
     from hideseek.utils import set_threads
 
     set_threads(params.get("threads"))
@@ -326,14 +416,15 @@ def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = Tr
     rng = np.random.default_rng(seed)
     n_models = int(params["n_models"])
     members = []
-    bar = tqdm(range(n_models), desc="vision zoo", unit="model", disable=not progress)
+    bar = tqdm(range(n_models), desc=desc, unit="model", disable=not progress)
     for i in bar:
-        hp = sample_hparams(rng, params["ranges"], len(data.y_pool), n_sharp)
+        hp = sample_hparams(rng, params["ranges"])
         model, record = train_member(init_state, config, data, hp, n_sharp, seed=seed * 100_003 + i + 1, device=device)
         name = f"model_{i:03d}"
         torch.save(model.state_dict(), out / f"{name}.pt")
         members.append(dict(name=name, file=f"{name}.pt", **record))
-        bar.set_postfix(gap=f"{record['gap']:.3f}", test=f"{record['test_error']:.3f}")
+        bar.set_postfix(train=f"{record['train_error']:.3f}", test=f"{record['test_error']:.3f}")
+    params = {k: v for k, v in params.items() if k != "stability"}
     meta = dict(
         kind="vision", model=config, n_sharpness=n_sharp, split_seed=int(params.get("split_seed", 0)),
         n_test=int(params["n_test"]), n_pool=len(data.y_pool), seed=seed, params=json.loads(json.dumps(params)),
@@ -343,6 +434,34 @@ def train_zoo(out: str | Path, params: Mapping[str, Any], *, progress: bool = Tr
     with open(out / "zoo.json", "w") as fh:
         json.dump(meta, fh, indent=1)
     return meta
+
+
+STABILITY_DIR = "stability"
+
+
+def stability_specs(params: Mapping[str, Any]) -> list[tuple[str, dict]]:
+    """``[(folder name, vision_train params), ...]`` of the stability zoos of ``params``.
+
+    Each is the main recipe with ``n_models = stability.n_models`` and its own ``seed``
+    (pre-training, fine-tuning and hyperparameter draws all follow it); the seeds must
+    differ from each other and from the main zoo's.
+    """
+    st = params.get("stability")
+    if not st:
+        return []
+    seeds = [int(s) for s in st["seeds"]]
+    if len(set(seeds)) != len(seeds) or int(params["seed"]) in seeds:
+        raise ValueError(f"stability seeds {seeds} must be distinct and differ from the main seed {params['seed']}")
+    base = {k: v for k, v in params.items() if k != "stability"}
+    return [(f"zoo_{s}", dict(base, seed=s, n_models=int(st["n_models"]))) for s in seeds]
+
+
+def train_stability(out: str | Path, params: Mapping[str, Any], *, progress: bool = True) -> list[dict]:
+    """Train the stability zoos of ``params`` (:func:`stability_specs`) into ``out/stability/zoo_<seed>``."""
+    metas = []
+    for name, p in stability_specs(params):
+        metas.append(train_zoo(Path(out) / STABILITY_DIR / name, p, progress=progress, desc=f"stability {name}"))
+    return metas
 
 
 def load_zoo(path: str | Path, device: str = "cpu") -> tuple[dict, list[tuple[str, Any]]]:
@@ -433,7 +552,7 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
         n_parameters = int(meta["n_parameters"])
     elif n_images > meta["n_sharpness"]:
         raise ValueError(f"n_images={n_images} exceeds the zoo's sharpness set of {meta['n_sharpness']} images "
-                         "(the images that are in every member's training subset); retrain with a larger n_sharpness")
+                         "(training images of every member); retrain with a larger n_sharpness")
     else:
         batches = sharpness_batches(zoo_data(meta), n_images, batch_size)
         n_parameters = sum(p.numel() for p in DigitsViT(**meta["model"]).parameters())
@@ -466,6 +585,58 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
     return VisionResults(members, frame, curves, table, halves, protocol, meta)
 
 
+def measure_stability(params: Mapping[str, Any], rho: Mapping[str, float], *, progress: bool = True):
+    """Tau over the independently seeded stability zoos, each measure at a radius fixed in advance.
+
+    ``params``: the ``vision`` section (``zoo_dir``, ``n_images``, ``batch_size``, ``n_iters``,
+    ``seed``, ``n_boot``, ``split_seed``); ``rho``: one radius per measure (the vision stage
+    passes the radius chosen on the main zoo's selection half, so nothing is selected on
+    the stability zoos). Every zoo is measured on the same sharpness batches.
+
+    Returns ``(taus, members, seconds)`` or ``None`` when ``zoo_dir`` has no stability zoos:
+    ``taus`` one row per (zoo, measure) with ``zoo, seed, measure, rho, tau, ci_low,
+    ci_high, pvalue, n``; ``members`` every member's errors, gap and sharpness
+    (``sharpness_<measure>``) with its zoo.
+    """
+    import pandas as pd
+
+    from companion.experiments.correlation import kendall_tau
+    from companion.experiments.zoo import STANDARD_MEASURES, measure_zoo
+
+    root = Path(params["zoo_dir"]) / STABILITY_DIR
+    dirs = sorted(d for d in root.glob("zoo_*") if (d / "zoo.json").is_file()) if root.is_dir() else []
+    if not dirs:
+        return None
+    unknown = set(rho) - set(STANDARD_MEASURES)
+    if unknown:
+        raise ValueError(f"unknown measures {sorted(unknown)}; known: {list(STANDARD_MEASURES)}")
+    n_images, batch_size = int(params["n_images"]), int(params["batch_size"])
+    n_boot, seed = int(params.get("n_boot", 2000)), int(params.get("split_seed", 0))
+    rows, members, seconds = [], [], {}
+    t_all = time.perf_counter()
+    for d in dirs:
+        meta, models = load_zoo(d, device=str(params.get("device", "cpu")))
+        if n_images > meta["n_sharpness"]:
+            raise ValueError(f"n_images={n_images} exceeds the sharpness set of {d} ({meta['n_sharpness']} images)")
+        batches = sharpness_batches(zoo_data(meta), n_images, batch_size)
+        t0 = time.perf_counter()
+        frame = measure_zoo(models, batches, {m: STANDARD_MEASURES[m] for m in rho},
+                            {m: [float(r)] for m, r in rho.items()}, seed=int(params["seed"]),
+                            n_iters=int(params["n_iters"]), progress=progress)
+        seconds[d.name] = time.perf_counter() - t0
+        mem = members_frame(meta)
+        for m in rho:
+            vals = frame[frame["measure"] == m].set_index("model")["value"].loc[mem.index]
+            mem[f"sharpness_{m}"] = vals
+            t = kendall_tau(vals.to_numpy(), mem["gap"].to_numpy(), n_boot=n_boot, seed=seed)
+            rows.append(dict(zoo=d.name, seed=int(meta["seed"]), measure=m, rho=float(rho[m]), tau=t.tau,
+                             ci_low=t.ci_low, ci_high=t.ci_high, pvalue=t.pvalue, n=t.n))
+        members.append(mem.reset_index().assign(zoo=d.name, zoo_seed=int(meta["seed"]),
+                                                zoo_training_seconds=meta["seconds"]))
+    seconds["total"] = time.perf_counter() - t_all
+    return pd.DataFrame(rows), pd.concat(members, ignore_index=True), seconds
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -479,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a parameter (YAML value, dotted keys), e.g. --set n_models=3")
     tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--part", choices=("all", "main", "stability"), default="all",
+                    help="train the main zoo, the stability zoos, or both (default; two processes may split the work)")
     args = parser.parse_args(argv)
 
     from companion.params import ParamsError, stage_params
@@ -494,10 +667,15 @@ def main(argv: list[str] | None = None) -> int:
         from companion.experiments.paper_zoos import cli_build
 
         return cli_build("clip_soups", args.out, params, progress=not args.no_progress)
-    meta = train_zoo(args.out, params, progress=not args.no_progress)
-    gaps = [m["gap"] for m in meta["members"]]
-    print(f"trained {len(gaps)} models ({profile} profile) into {args.out} in {meta['seconds']:.0f} s; "
-          f"gap range [{min(gaps):.3f}, {max(gaps):.3f}]")
+    if args.part in ("all", "main"):
+        meta = train_zoo(args.out, params, progress=not args.no_progress)
+        gaps = [m["gap"] for m in meta["members"]]
+        train = [m["train_error"] for m in meta["members"]]
+        print(f"trained {len(gaps)} models ({profile} profile) into {args.out} in {meta['seconds']:.0f} s; "
+              f"train error [{min(train):.3f}, {max(train):.3f}], gap [{min(gaps):.3f}, {max(gaps):.3f}]")
+    if args.part in ("all", "stability"):
+        for meta in train_stability(args.out, params, progress=not args.no_progress):
+            print(f"stability zoo seed {meta['seed']}: {len(meta['members'])} models in {meta['seconds']:.0f} s")
     return 0
 
 
