@@ -249,3 +249,27 @@ def test_cli_reads_params_and_overrides(tmp_path):
     assert len(zoo["models"]) == 1 and zoo["spec"]["pretrain"]["steps"] == 2
     with pytest.raises(KeyError, match="no profile"):
         lz.main(["train", "--out", str(out), "--params", str(pfile), "--profile", "gpu"])
+
+
+def test_cli_restarts_with_pinned_kernels(tmp_path):
+    """cpu_kernels: avx2 from the command line: the process restarts itself with KERNEL_ENV and
+    records the pinned kernels in zoo.json."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    import yaml
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("AVX2 kernels exist on x86-64 only")
+    pfile = tmp_path / "params.yaml"
+    pfile.write_text(yaml.safe_dump({"profile": "cpu", "language_train": {"cpu": {**TINY, "cpu_kernels": "avx2"}}}))
+    env = {k: v for k, v in os.environ.items() if k not in lz.KERNEL_ENV["avx2"]}
+    res = subprocess.run([sys.executable, "-m", "companion.experiments.language_zoo", "train", "--out",
+                          str(tmp_path / "z"), "--params", str(pfile), "--set", "finetune.n_models=1"],
+                         env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-800:]
+    assert "restarting" in res.stdout
+    kernels = lz.load_zoo(tmp_path / "z")["cpu_kernels"]
+    assert kernels["capability"] == "AVX2" and kernels["MKL_CBWR"] == "AVX2"

@@ -46,6 +46,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -125,7 +126,7 @@ class ZooSpec:
     # parallel fine-tuning processes (one thread each); does not change any member
     workers: int = 1
     # CPU kernel level the training must run with (e.g. "avx2"; None: whatever the processor has);
-    # see KERNEL_ENV: set those variables before Python starts, e.g. in the DVC stage command
+    # KERNEL_ENV must be set before Python starts: the command line restarts itself with it
     cpu_kernels: str | None = None
     # "scratch": BERT of `model`, MLM pre-trained once on the corpus; "minilm" or a saved BERT
     # folder: fine-tune that pre-trained model instead (companion.experiments.minilm)
@@ -824,6 +825,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cli_build("mccoy_bert", args.out, d)
         threads = set_threads(d.get("threads"))
         spec = ZooSpec.from_dict(d)
+        if spec.cpu_kernels is not None and spec.device == "cpu":
+            env = KERNEL_ENV[spec.cpu_kernels]
+            if any(os.environ.get(k) != v for k, v in env.items()):
+                if os.environ.get("HIDESEEK_KERNEL_REEXEC"):
+                    check_cpu_kernels(spec.cpu_kernels)  # raises with what is wrong
+                # the kernels are chosen when the libraries load: start again with the environment
+                print(f"cpu_kernels={spec.cpu_kernels}: restarting with {env}", flush=True)
+                argv_ = list(sys.argv[1:]) if argv is None else list(argv)
+                os.execve(sys.executable, [sys.executable, "-m", "companion.experiments.language_zoo", *argv_],
+                          {**os.environ, **env, "HIDESEEK_KERNEL_REEXEC": "1"})
         print(f"language zoo, profile {profile!r}, {threads} threads, {spec.workers} worker(s) -> {args.out}")
         zoo = train_zoo(spec, args.out)
         gaps = [m["gap"] for m in zoo["models"]]
