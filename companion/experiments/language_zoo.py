@@ -24,7 +24,9 @@ the same CPU kernels is bitwise identical. A different thread count, or a proces
 other vector units (PyTorch, MKL and oneDNN pick AVX-512 / AVX2 / ... kernels at run time),
 rounds differently and a fine-tune amplifies that: member 0 of the 3-epoch recipe trained
 with 2 threads, or with AVX2 instead of AVX-512 kernels, ends with other weights and its
-dev error moves from 0.173 to 0.178 / 0.183. ``cpu_kernels: avx2`` pins the kernels to one
+dev error moves from 0.173 to 0.178 / 0.183; with the 12-epoch recipe AVX2 kernels move member 1's
+dev error from 0.078 to 0.107, as much as another seed would: a kernel change acts like a
+reseed (hence the zoo-seed stability of :mod:`companion.experiments.stability`). ``cpu_kernels: avx2`` pins the kernels to one
 level on every x86-64 processor that has it (:data:`KERNEL_ENV`, set before Python
 starts) and refuses to train otherwise; ``zoo.json`` records the kernels in force.
 ``workers`` trains members in parallel processes (one thread each) without changing any
