@@ -15,7 +15,7 @@ from .solvers import SolverResult, SolverStep
 from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair, PairGroup, SymmetryBlock,
                          UnsupportedAttentionError, declare_attention, find_symmetries)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError",
            "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",

@@ -50,3 +50,8 @@ def test_library_hard_dependencies_are_torch_and_numpy_with_ranges():
 def test_companion_is_its_own_distribution():
     meta = tomllib.loads((ROOT / "companion" / "pyproject.toml").read_text())["project"]
     assert meta["name"] != "hideseek" and "hideseek" in meta["dependencies"]
+
+
+def test_version_is_declared_once_consistently():
+    import hideseek
+    assert hideseek.__version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
