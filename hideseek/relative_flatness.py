@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from .sharpness import _to   # the same device move as sharpness()
+
 __all__ = ["RelativeFlatnessResult", "relative_flatness"]
 
 
@@ -99,14 +101,6 @@ def _logits(out) -> Tensor | None:
     if isinstance(logits, Tensor):
         return logits
     return None
-
-
-def _to(obj, device):
-    if isinstance(obj, Tensor):
-        return obj.to(device)
-    if isinstance(obj, Mapping):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
 
 
 def _forward(model: nn.Module, params: Mapping[str, Tensor], x) -> Any:

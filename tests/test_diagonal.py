@@ -205,7 +205,8 @@ def test_trust_region_max_is_global():
                                    method="SLSQP", constraints=[cons], options={"ftol": 1e-14}).fun
                 for x0 in pts[:8])
     assert np.linalg.norm(res.x) <= R * (1 + 1e-12)
-    assert res.value >= max(brute, local) - 1e-10
+    # SLSQP may overstep the sphere by its own tolerance, so its value can exceed the true maximum slightly
+    assert res.value >= max(brute, local) - 1e-9 * abs(local)
     assert res.value == pytest.approx(local, rel=1e-7)
 
 

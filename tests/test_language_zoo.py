@@ -59,11 +59,15 @@ def test_evaluate_gap_choice(tiny_zoo):
 
 
 @pytest.mark.slow  # two spawned processes import torch and transformers: ~20 s on a quiet machine
-def test_workers_and_threads_change_no_member(tiny_zoo, tmp_path):
+def test_workers_and_threads_change_no_member(tmp_path):
     """Two spawned worker processes train the same members as the serial loop, bitwise;
     the thread count in force is restored afterwards."""
-    out, zoo = tiny_zoo
+    # the serial reference at the workers' thread count (1): members depend on the thread
+    # count, so the fixture's zoo (torch's default threads) is not the reference here
     was = torch.get_num_threads()
+    out = tmp_path / "ser"
+    zoo = lz.train_zoo(lz.ZooSpec.from_dict({**TINY, "threads": 1}), out, progress=False)
+    assert torch.get_num_threads() == was
     spec = lz.ZooSpec.from_dict({**TINY, "workers": 2, "threads": 1})
     par = lz.train_zoo(spec, tmp_path / "par", progress=False)
     assert torch.get_num_threads() == was
