@@ -43,3 +43,12 @@ def bert_model():
 def bert_data():
     """Two batches for :func:`bert_model` (with a padded sequence)."""
     return [bert_batch(seed=s) for s in range(2)]
+
+
+@pytest.fixture
+def float64_default():
+    """Every tensor the test creates is float64 (the default dtype restored afterwards)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

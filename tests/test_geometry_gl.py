@@ -11,13 +11,7 @@ from hideseek.symmetries.action import random_gl
 
 
 
-@pytest.fixture(autouse=True)
-def _float64():
-    """Every tensor these tests create is float64 (restored afterwards for other modules)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")   # every tensor here is float64
 
 METRICS = ["invariant", "mixed"]
 SHAPES = [(5, 4, 2), (6, 3, 3), (4, 4, 1)]

@@ -16,12 +16,7 @@ from hideseek.reference import pair_metric_tensor
 from hideseek.symmetries.action import random_gl
 
 
-@pytest.fixture(autouse=True)
-def _float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")   # every tensor here is float64
 
 
 # (n, m, h, rotary pairs, free columns): HF rotate_half pairing i ↔ i + d/2, neighbour
