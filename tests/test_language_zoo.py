@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -277,3 +278,21 @@ def test_cli_restarts_with_pinned_kernels(tmp_path):
     assert "restarting" in res.stdout
     kernels = lz.load_zoo(tmp_path / "z")["cpu_kernels"]
     assert kernels["capability"] == "AVX2" and kernels["MKL_CBWR"] == "AVX2"
+
+
+def test_fit_rule_sets_aside_only_members_above_the_threshold():
+    import pandas as pd
+
+    from companion.experiments.language_report import fit_rule
+
+    rng = np.random.default_rng(0)
+    names = [f"m{i}" for i in range(12)]
+    members = pd.DataFrame({"train_error": [0.05] * 10 + [0.6, 0.45], "gap": rng.normal(size=12)}, index=names)
+    frame = pd.DataFrame([dict(model=n, measure=m, rho=r, value=float(rng.normal()))
+                          for n in names for m in ("adaptive", "geodesic_mixed") for r in (0.1, 0.2)])
+    res = types.SimpleNamespace(members=members, frame=frame)
+    rule, table = fit_rule(res, {"max_train_error": 0.2, "n_boot": 10})
+    assert rule == {"max_train_error": 0.2, "excluded": {"m10": 0.6, "m11": 0.45}}
+    assert set(table["measure"]) == {"adaptive", "geodesic_mixed"} and (table["n_all"] == 10).all()
+    assert fit_rule(res, {"max_train_error": 0.7})[1] is None
+    assert fit_rule(res, {}) == ({"max_train_error": None, "excluded": {}}, None)

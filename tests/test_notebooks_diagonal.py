@@ -72,6 +72,20 @@ def test_diagonal_notebook_and_table1(reports, tmp_path):
     assert [r["row"] for r in rows if r["source"] == "paper"] == ["diagonal", "vision", "language"]
 
 
+def test_table1_prints_each_seeded_zoo(tmp_path):
+    mdir = tmp_path / "m"
+    mdir.mkdir()
+    spread = {"adaptive": {"taus": [0.25, -0.5, 0.125], "std": 0.38}}
+    (mdir / "language_stability.json").write_text(json.dumps({"profile": "cpu", "table1": {
+        "row": "language", "variant": "3 zoos", "n_models": 12, "spread": spread,
+        "tau": {"adaptive": -0.0417, "geodesic_invariant": 0.1, "geodesic_mixed": 0.2}}}))
+    md, csv_path = table1.write(mdir, tmp_path)
+    line = next(ln for ln in md.read_text().splitlines() if "3 zoos" in ln)
+    assert "-0.04 · zoos: +0.25 / -0.50 / +0.12 (sd 0.38) | +0.10 | +0.20 |" in line
+    row = next(r for r in csv.DictReader(csv_path.open()) if r["variant"] == "3 zoos")
+    assert row["adaptive_zoo_taus"] == "0.25;-0.5;0.125" and row["geodesic_mixed_zoo_taus"] == ""
+
+
 def test_table1_without_any_metrics(tmp_path):
     md, csv_path = table1.write(tmp_path / "nothing", tmp_path)
     assert md.read_text().count(table1.NOT_COMPUTED) == 9

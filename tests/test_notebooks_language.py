@@ -25,7 +25,8 @@ def test_language_notebook_runs_and_publishes(tmp_path):
     params = dict(zoo_dir=str(zoo), n_points=16, batch_size=8, data_seed=0, n_iters=1, seed=0, threads=1,
                   rho_grid={m: grid for m in ("adaptive", "geodesic_invariant", "geodesic_mixed")},
                   ablation_rho_grid={m: [0.1] for m in lz.ABLATION_MEASURES},
-                  eps=0.0, eps_grid=[0.0, 0.01], split_seed=0, n_boot=50, criterion="abs")
+                  eps=0.0, eps_grid=[0.0, 0.01], split_seed=0, n_boot=50, criterion="abs",
+                  workers=2)  # models measured in 2 spawned processes from inside the papermill kernel
     reports = tmp_path / "reports"
     res = run_stage("language", params=params, reports_dir=reports, progress_bar=False)
     figs = {p.name for p in res.figures}
@@ -34,7 +35,11 @@ def test_language_notebook_runs_and_publishes(tmp_path):
             "fig8_tau_vs_rho_mixed.png"} <= figs
     metrics = json.loads(res.metrics.read_text())
     assert metrics["profile"] == "cpu" and metrics["table1_row"] == "MNLI"
-    assert metrics["table1"]["row"] == "language" and metrics["table1"]["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
+    held_out, whole = metrics["table1"]   # the held-out half first (the DVC headline), then all models
+    assert held_out["row"] == whole["row"] == "language"
+    assert held_out["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
+    assert whole["tau"] == {m: t["tau_all"] for m, t in metrics["tau"].items()}
+    assert (held_out["n_models"], whole["n_models"]) == (3, 6)
     assert set(metrics["tau"]) == {"adaptive", "geodesic_invariant", "geodesic_mixed"}
     assert metrics["paper_tau"] == {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}
     assert set(metrics["ablations"]) == {"geodesic_invariant", "geodesic_mixed", *lz.ABLATION_MEASURES}
@@ -67,7 +72,7 @@ def test_language_notebook_runs_and_publishes(tmp_path):
     assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
     # the DVC headline, derived by the pipeline
     head = json.loads((reports / "headline" / "language.json").read_text())
-    assert head["n"] == 6 and head["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
+    assert head["n"] == 3 and head["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
     # the solver check ran in the companion, once per (Christoffel-only measure, rho)
     assert len(metrics["solver_check_christoffel_only"]) == 2
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")

@@ -52,6 +52,13 @@ def test_run_stability(tmp_path):
     row = summary[(summary["measure"] == "adaptive") & (summary["gap"] == "gap_in_distribution")]
     t = taus[(taus["measure"] == "adaptive") & (taus["gap"] == "gap_in_distribution")]["tau"]
     assert row["mean"].item() == pytest.approx(t.mean()) and row["n_zoos"].item() == 2
+    # the Table 1 line: mean over zoos of the in-distribution taus, each zoo's tau kept as its spread
+    entry = st.table1_entry(taus, PARAMS)
+    assert entry["row"] == "language" and set(entry["tau"]) == {"adaptive", "geodesic_mixed"}
+    per_zoo = t.to_list()
+    assert entry["spread"]["adaptive"]["taus"] == per_zoo and entry["tau"]["adaptive"] == pytest.approx(np.mean(per_zoo))
+    assert entry["spread"]["adaptive"]["std"] == pytest.approx(np.std(per_zoo, ddof=1))
+    assert entry["n_models"] == members.groupby("zoo").size().max() and entry["rho"]["adaptive"] == PARAMS["rho"]["adaptive"]
     # reuse without training: same recipe passes, another recipe is refused
     again, *_ = st.run_stability(PARAMS, tmp_path, progress=False, train=False)
     assert again["tau"].equals(taus["tau"])

@@ -238,3 +238,21 @@ def test_measure_rejects_images_outside_the_sharpness_set(tmp_path):
                                    rho_grid=[0.1], seed=0), progress=False)
     with pytest.raises(FileNotFoundError, match="train the zoo"):
         vz.load_zoo(tmp_path / "missing")
+
+
+def test_cli_workers_train_the_stability_zoos_in_a_second_process_unchanged(tmp_path):
+    p = dict(TINY_TRAIN, n_models=1, stability=dict(seeds=[5], n_models=1))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"profile": "cpu", "vision_train": {
+        "defaults": {}, "cpu": dict(p, workers=2), "gpu": {}, "paper": {}}}))
+    rc = vz.main(["train", "--out", str(tmp_path / "zoo"), "--params", str(tmp_path / "params.yaml"), "--no-progress"])
+    assert rc == 0
+    meta = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
+    assert "workers" not in meta["params"] and len(meta["members"]) == 1
+    # the stability zoo trained in the other process equals one trained here, serially
+    ref = vz.train_stability(tmp_path / "ref", p, progress=False)[0]
+    got = json.loads((tmp_path / "zoo" / "stability" / "zoo_5" / "zoo.json").read_text())
+    strip = lambda m: {k: v for k, v in m.items() if k != "train_seconds"}  # noqa: E731
+    assert [strip(m) for m in got["members"]] == [strip(m) for m in ref["members"]]
+    a = torch.load(tmp_path / "zoo" / "stability" / "zoo_5" / "model_000.pt", weights_only=True)
+    b = torch.load(tmp_path / "ref" / "stability" / "zoo_5" / "model_000.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)

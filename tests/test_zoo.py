@@ -88,6 +88,36 @@ def test_bad_inputs():
         measure_zoo([("a", lambda: 3)], b, MEASURES, [0.1], seed=0, n_iters=1, progress=False)
 
 
+def test_workers_give_every_value_bit_for_bit(tmp_path):
+    # two spawned processes, each measuring whole models at this process's thread count, against
+    # the serial loop: every value, per-batch value and base loss identical (float32, the zoos' dtype);
+    # models given as saved members read by the vision zoo's own (picklable) loader, and one module
+    import functools
+
+    from companion.experiments.vision_zoo import load_member
+
+    models = []
+    for i in range(3):
+        torch.manual_seed(10 + i)
+        m = DigitsViT(**TINY)
+        torch.save(m.state_dict(), tmp_path / f"m{i}.pt")
+        models.append((f"m{i}", functools.partial(load_member, TINY, str(tmp_path / f"m{i}.pt"))))
+    models.append(("module", tiny_model(7).float()))
+    batches = [(x.float(), y) for x, y in tiny_batches()]
+    serial = measure_zoo(models, batches, MEASURES, GRID, seed=3, n_iters=2, progress=False)
+    parallel = measure_zoo(models, batches, MEASURES, GRID, seed=3, n_iters=2, progress=False, workers=2)
+    pd.testing.assert_frame_equal(serial.drop(columns="seconds"), parallel.drop(columns="seconds"), check_exact=True)
+    assert serial["value"].nunique() > 1
+
+
+def test_workers_refuse_what_cannot_be_sent():
+    m = [("a", lambda: tiny_model(0)), ("b", tiny_model(1))]
+    with pytest.raises(TypeError, match="picklable.*model 'a'.*use workers=1"):
+        measure_zoo(m, tiny_batches(1), MEASURES, GRID, seed=0, n_iters=1, progress=False, workers=2)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        measure_zoo(m, tiny_batches(1), MEASURES, GRID, seed=0, n_iters=1, progress=False, workers=0)
+
+
 # ------------------------------------------------------------------------ tau tables
 
 

@@ -64,7 +64,32 @@ def christoffel_only_check(result: LanguageResult, params: Mapping[str, Any]):
     return pd.DataFrame(rows)
 
 
-def report_metrics(res: LanguageResult, profile: str, solver_check=None) -> dict:
+def fit_rule(res: LanguageResult, params: Mapping[str, Any]) -> tuple[dict, Any]:
+    """Members that did not fit their training set (train error above ``max_train_error``), and the
+    split-half taus without them (``None`` when every member fits or no threshold is set).
+
+    A sensitivity line, not the main result: the main row keeps every member. The threshold was
+    set after the all-member taus had been seen (stated in the notebook), on training error alone.
+    """
+    from companion.experiments.zoo import split_half_taus
+
+    thr = params.get("max_train_error")
+    members = res.members
+    if thr is None:
+        return {"max_train_error": None, "excluded": {}}, None
+    out = members["train_error"] > float(thr)
+    rule = {"max_train_error": float(thr),
+            "excluded": {str(n): float(e) for n, e in members.loc[out, "train_error"].items()}}
+    if not out.any():
+        return rule, None
+    keep = list(members.index[~out])
+    table, _ = split_half_taus(res.frame[res.frame["model"].isin(keep)], members.loc[keep, "gap"],
+                               seed=int(params.get("split_seed", 0)), n_boot=int(params.get("n_boot", 2000)),
+                               criterion=params.get("criterion", "abs"))
+    return rule, table
+
+
+def report_metrics(res: LanguageResult, profile: str, solver_check=None, params: Mapping[str, Any] | None = None) -> dict:
     """The ``language`` stage's metrics (layout: :mod:`companion.metrics`)."""
     from companion import metrics as cm
 
@@ -72,9 +97,20 @@ def report_metrics(res: LanguageResult, profile: str, solver_check=None) -> dict
     mccoy = meta.get("kind") == "mccoy_bert"
     measures = list(dict.fromkeys(res.frame["measure"]))
     gap = members["gap"]
+    rule, fitted = fit_rule(res, params or {})
+    extra_entries = [] if fitted is None else [cm.table1_entry(
+        "language", f"fitted members only (train error ≤ {rule['max_train_error']:g}, rule set after the all-member τ): "
+        f"{len(members) - len(rule['excluded'])} of {len(members)}, held-out half", fitted, measures=measures)]
     return {
-        "table1": cm.table1_entry("language", f"{len(members)} seed-only BERT fine-tunes, τ on the held-out half",
-                                  table, measures=measures, n_models=len(members)),
+        "fit_rule": rule,
+        "table1": [
+            cm.table1_entry("language", f"{len(members)} seed-only BERT fine-tunes, held-out half "
+                            f"(ρ chosen on the other {int(table['n_all'].iloc[0] - table['n_eval'].iloc[0])} models)",
+                            table, measures=measures, models="eval"),
+            cm.table1_entry("language", "all models, same ρ (ρ chosen on half of them)", table, measures=measures,
+                            models="all"),
+            *extra_entries,
+        ],
         "table1_row": "MNLI",
         "setting": (f"McCoy et al. BERT zoo ({len(members)} bert-base MNLI fine-tunes)" if mccoy else
                     f"generated-NLI BERT zoo ({len(members)} seed-only fine-tunes, HANS-like test split)"),
@@ -133,7 +169,7 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
         (out / sub).mkdir(parents=True, exist_ok=True)
     res = measure_language_zoo(params, progress=progress)
     check = christoffel_only_check(res, params)
-    metrics = report_metrics(res, profile, check)
+    metrics = report_metrics(res, profile, check, params)
     cm.write_stage_metrics(out, "language", metrics)
     save_report_data(res, out)
     return LanguageReport(result=res, measures=list(dict.fromkeys(res.frame["measure"])),

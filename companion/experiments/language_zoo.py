@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -594,7 +595,7 @@ def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, devic
 
         return mccoy_loaders(zoo, names, device)
     names = [m["name"] for m in zoo["models"]] if names is None else list(names)
-    return [(n, (lambda n=n: load_model(zoo_dir, n, device))) for n in names]
+    return [(n, functools.partial(load_model, zoo_dir, n, device)) for n in names]  # picklable: measure_zoo workers
 
 
 def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
@@ -711,12 +712,13 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
     batches = sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)))
     loaders = model_loaders(zoo_dir, list(members.index), p.get("device", "cpu"))
     common = {"progress": False}
+    workers = int(p.get("workers") or 1)  # models measured in parallel processes (values unchanged)
     geo = {k: ({**v, "eps": eps} if v["measure"] == "geodesic" else dict(v)) for k, v in STANDARD_MEASURES.items()}
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
     frame = measure_zoo(loaders, batches, geo, p["rho_grid"], seed=seed, n_iters=n_iters,
-                        progress=progress, common=common)
+                        progress=progress, common=common, workers=workers)
     seconds["main"] = time.perf_counter() - t0
     table, halves = split_half_taus(frame, gaps, seed=split_seed, n_boot=n_boot, criterion=criterion,
                                     paper=PAPER_TAU)
@@ -732,7 +734,7 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
         ms = {k: {**ABLATION_MEASURES[k], "eps": eps} for k in abl_grid}
         t0 = time.perf_counter()
         af = measure_zoo(loaders, batches, ms, abl_grid, seed=seed, n_iters=n_iters,
-                         progress=progress, common=common)
+                         progress=progress, common=common, workers=workers)
         seconds["ablations"] = time.perf_counter() - t0
         full = frame[frame["measure"].isin(["geodesic_invariant", "geodesic_mixed"])]
         ablation_frame = pd.concat([full, af], ignore_index=True)
@@ -753,7 +755,7 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
                 grid[name] = [chosen[f"geodesic_{metric}"]]
         t0 = time.perf_counter()
         ef = measure_zoo(loaders, batches, ms, grid, seed=seed, n_iters=n_iters,
-                         progress=progress, common=common) if ms else frame.iloc[:0]
+                         progress=progress, common=common, workers=workers) if ms else frame.iloc[:0]
         seconds["eps_sweep"] = time.perf_counter() - t0
         rows, parts = [], []
         for metric in ("invariant", "mixed"):

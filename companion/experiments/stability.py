@@ -85,7 +85,8 @@ def measure_one_zoo(zoo_dir: str | Path, p: Mapping[str, Any], *, progress: bool
     loaders = lz.model_loaders(zoo_dir)
     frame = measure_zoo(loaders, batches, {k: STANDARD_MEASURES[k] for k in rho},
                         {k: [float(v)] for k, v in rho.items()}, seed=int(p.get("seed", 0)),
-                        n_iters=int(p["n_iters"]), progress=progress, common={"progress": False})
+                        n_iters=int(p["n_iters"]), progress=progress, common={"progress": False},
+                        workers=int(p.get("workers") or 1))
     frame = frame[["model", "measure", "rho", "value"]]
     if p.get("relative_flatness", True):
         from companion.experiments.relative import relative_flatness_values
@@ -164,6 +165,22 @@ def run_stability(params: Mapping[str, Any], out_dir: str | Path, *, progress: b
     return taus, members, summary, seconds
 
 
+def table1_entry(taus, p: Mapping[str, Any]) -> dict[str, Any]:
+    """The Table 1 line of the stability zoos: per measure the mean tau over zoos (in-distribution
+    gap, all members of each zoo, rho fixed in advance) with the per-zoo taus as its ``spread``."""
+    from companion import metrics as cm
+    from companion.experiments.zoo import STANDARD_MEASURES
+
+    sub = taus[(taus["gap"] == "gap_in_distribution") & taus["measure"].isin(list(STANDARD_MEASURES))]
+    spread = cm.tau_spread(sub, measures=[m for m in STANDARD_MEASURES if m in set(sub["measure"])])
+    n_zoos, size = len(set(sub["zoo"])), int(sub["n"].max())
+    return {"row": "language",
+            "variant": f"{n_zoos} other seeded zoos of {size} (all members, ρ fixed in advance): mean τ over zoos",
+            "tau": {m: s["mean"] for m, s in spread.items()},
+            "rho": {m: float(sub[sub["measure"] == m]["rho"].iloc[0]) for m in spread},
+            "n_models": size, "spread": spread}
+
+
 def _read_params(params_file: str | Path, profile: str | None) -> tuple[str, dict]:
     return lz.read_params(params_file, profile, section="language_stability")
 
@@ -185,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     taus.to_csv(report, index=False)
     members.to_csv(report.with_name(report.stem + "_members.csv"), index=False)
     metrics = {"profile": profile, "params": p, "seconds": seconds,
-               "summary": summary.to_dict("records")}
+               "summary": summary.to_dict("records"), "table1": table1_entry(taus, p)}
     Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
     Path(args.metrics).write_text(json.dumps(metrics, indent=1, default=float))
     print(summary.to_string(index=False, float_format=lambda v: f"{v:+.3f}"))

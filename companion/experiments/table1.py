@@ -83,6 +83,25 @@ def _rho_str(rho: Any) -> str:
     return f"{rho:g}"
 
 
+def _spread_str(sp: dict[str, Any] | None) -> str:
+    """`` · zoos: a / b / c (sd s)``: tau of the same measure at the same rho in each other seeded zoo."""
+    if not sp:
+        return ""
+    taus = " / ".join(_fmt(t) for t in sp["taus"])
+    sd = sp.get("std")
+    sd = "" if sd is None or (isinstance(sd, float) and math.isnan(sd)) else f" (sd {sd:.2f})"
+    return f" · zoos: {taus}{sd}"
+
+
+def _spread_columns(spread: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in MEASURES:
+        sp = spread.get(m)
+        out[f"{m}_zoo_taus"] = ";".join(f"{t:.6g}" for t in sp["taus"]) if sp else ""
+        out[f"{m}_zoo_std"] = sp["std"] if sp else ""
+    return out
+
+
 def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     """Markdown text and CSV records of Table 1."""
     entries = collect(metrics_dir)
@@ -92,7 +111,9 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
         "",
         "Paper values beside ours; ours with bootstrap 95 % intervals, the profile that produced "
         "them and the radius ρ. Generalisation: test loss (diagonal networks), test error − "
-        "train error (transformer zoos).",
+        "train error (transformer zoos). \"zoos: a / b / c (sd s)\": τ of the same measure at the "
+        "same ρ over each of the independently seeded zoos of the stability experiments (how much "
+        "of one zoo's τ is the zoo's draw).",
         "",
         "| setting | source | profile | models | ρ | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " |",
         "|---|---|---|---|---|" + "---|" * len(MEASURES),
@@ -105,7 +126,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
                         "variant": "", "profile": "", "stage": "", "n_models": "", "rho": "",
                         **{m: p[m] for m in MEASURES},
                         **{f"{m}_ci_low": "" for m in MEASURES}, **{f"{m}_ci_high": "" for m in MEASURES},
-                        "status": "paper"})
+                        **_spread_columns({}), "status": "paper"})
         ours = entries[row["row"]]
         if not ours:
             lines.append(f"| {row['ours']} | ours | – | – | – | "
@@ -114,13 +135,15 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
                             "profile": "", "stage": "", "n_models": "", "rho": "",
                             **{m: "" for m in MEASURES},
                             **{f"{m}_ci_low": "" for m in MEASURES}, **{f"{m}_ci_high": "" for m in MEASURES},
-                            "status": NOT_COMPUTED})
+                            **_spread_columns({}), "status": NOT_COMPUTED})
             continue
         for e in ours:
             cells = []
+            spread = e.get("spread") or {}
             for m in MEASURES:
                 ci = (e.get("ci") or {}).get(m)
-                cells.append(_fmt(e["tau"][m]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+                cells.append(_fmt(e["tau"][m]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+                             + _spread_str(spread.get(m)))
             label = row["ours"] + (f" ({e['variant']})" if e.get("variant") else "")
             lines.append(f"| {label} | ours | {e['profile']} | {e.get('n_models', '')} | "
                          f"{_rho_str(e.get('rho'))} | " + " | ".join(cells) + " |")
@@ -131,6 +154,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
                             **{m: e["tau"][m] for m in MEASURES},
                             **{f"{m}_ci_low": (ci.get(m) or ["", ""])[0] for m in MEASURES},
                             **{f"{m}_ci_high": (ci.get(m) or ["", ""])[1] for m in MEASURES},
+                            **_spread_columns(spread),
                             "status": "computed"})
     lines.append("")
     return "\n".join(lines), records

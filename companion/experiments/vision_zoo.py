@@ -41,6 +41,7 @@ the spread of tau over zoo seeds.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -478,14 +479,15 @@ def load_zoo(path: str | Path, device: str = "cpu") -> tuple[dict, list[tuple[st
 
         return meta, clip_soups_loaders(meta, device)
 
-    def loader(file: Path):
-        def load() -> DigitsViT:
-            model = DigitsViT(**meta["model"])
-            model.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
-            return model.to(device).eval()
-        return load
+    return meta, [(m["name"], functools.partial(load_member, dict(meta["model"]), str(path / m["file"]), device))
+                  for m in meta["members"]]
 
-    return meta, [(m["name"], loader(path / m["file"])) for m in meta["members"]]
+
+def load_member(config: Mapping[str, Any], file: str | Path, device: str = "cpu") -> "DigitsViT":
+    """One member's eval-mode model (module level, so that its partial pickles for measure_zoo's workers)."""
+    model = DigitsViT(**config)
+    model.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    return model.to(device).eval()
 
 
 def zoo_data(meta: Mapping[str, Any]) -> DigitsData:
@@ -565,7 +567,7 @@ def measure_vision_zoo(params: Mapping[str, Any], *, progress: bool = True) -> V
     grid = {n: grid[n] for n in names} if isinstance(grid, Mapping) else grid
     t0 = time.perf_counter()
     frame = measure_zoo(models, batches, measures, grid, seed=int(params["seed"]),
-                        n_iters=int(params["n_iters"]), progress=progress)
+                        n_iters=int(params["n_iters"]), progress=progress, workers=int(params.get("workers") or 1))
     seconds = time.perf_counter() - t0
     members = members_frame(meta)
     gaps = members["gap"]
@@ -622,7 +624,8 @@ def measure_stability(params: Mapping[str, Any], rho: Mapping[str, float], *, pr
         t0 = time.perf_counter()
         frame = measure_zoo(models, batches, {m: STANDARD_MEASURES[m] for m in rho},
                             {m: [float(r)] for m, r in rho.items()}, seed=int(params["seed"]),
-                            n_iters=int(params["n_iters"]), progress=progress)
+                            n_iters=int(params["n_iters"]), progress=progress,
+                            workers=int(params.get("workers") or 1))
         seconds[d.name] = time.perf_counter() - t0
         mem = members_frame(meta)
         for m in rho:
@@ -667,15 +670,36 @@ def main(argv: list[str] | None = None) -> int:
         from companion.experiments.paper_zoos import cli_build
 
         return cli_build("clip_soups", args.out, params, progress=not args.no_progress)
-    if args.part in ("all", "main"):
-        meta = train_zoo(args.out, params, progress=not args.no_progress)
-        gaps = [m["gap"] for m in meta["members"]]
-        train = [m["train_error"] for m in meta["members"]]
-        print(f"trained {len(gaps)} models ({profile} profile) into {args.out} in {meta['seconds']:.0f} s; "
-              f"train error [{min(train):.3f}, {max(train):.3f}], gap [{min(gaps):.3f}, {max(gaps):.3f}]")
-    if args.part in ("all", "stability"):
-        for meta in train_stability(args.out, params, progress=not args.no_progress):
-            print(f"stability zoo seed {meta['seed']}: {len(meta['members'])} models in {meta['seconds']:.0f} s")
+    workers = int(params.pop("workers", None) or 1)  # not recorded in zoo.json: members do not depend on it
+    child = None
+    if workers >= 2 and args.part == "all" and stability_specs(params):
+        # the stability zoos in a second process while this one trains the main zoo (each zoo is
+        # trained exactly as alone: its own seeds, one thread); both must succeed
+        import subprocess
+
+        cmd = [sys.executable, "-m", "companion.experiments.vision_zoo", "train", "--out", str(args.out),
+               "--params", str(args.params), "--part", "stability", "--no-progress"]
+        cmd += ["--profile", profile] + [a for o in args.overrides for a in ("--set", o)]
+        print("stability zoos in a second process:", " ".join(cmd), flush=True)
+        child = subprocess.Popen(cmd)
+        args.part = "main"
+    try:
+        if args.part in ("all", "main"):
+            meta = train_zoo(args.out, params, progress=not args.no_progress)
+            gaps = [m["gap"] for m in meta["members"]]
+            train = [m["train_error"] for m in meta["members"]]
+            print(f"trained {len(gaps)} models ({profile} profile) into {args.out} in {meta['seconds']:.0f} s; "
+                  f"train error [{min(train):.3f}, {max(train):.3f}], gap [{min(gaps):.3f}, {max(gaps):.3f}]")
+        if args.part in ("all", "stability"):
+            for meta in train_stability(args.out, params, progress=not args.no_progress):
+                print(f"stability zoo seed {meta['seed']}: {len(meta['members'])} models in {meta['seconds']:.0f} s")
+    except BaseException:
+        if child is not None:
+            child.kill()
+        raise
+    if child is not None and child.wait() != 0:
+        print(f"error: the stability zoos' process failed (exit {child.returncode})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -91,6 +91,7 @@ def measure_zoo(
     progress: bool = True,
     common: Mapping[str, Any] | None = None,
     sharpness_fn: Callable | None = None,
+    workers: int = 1,
 ) -> pd.DataFrame:
     """Sharpness of every model under every measure and every rho of the grid.
 
@@ -114,6 +115,14 @@ def measure_zoo(
         extra keyword arguments for every call (e.g. ``loss_fn``).
     sharpness_fn:
         the function called, :func:`hideseek.sharpness` by default.
+    workers:
+        models measured in this many spawned processes (one model per task, each process
+        with this process's number of intra-op threads, the models' order kept). Every
+        value equals the one ``workers=1`` gives at the same thread count (each call is
+        seeded by itself and sees the same batches; tested bit for bit), so on a CPU with
+        one thread per process it only divides the wall time. Models and loaders must
+        then be picklable: an ``nn.Module`` or e.g. a :func:`functools.partial` of a
+        module-level function, not a lambda. For CPU runs; keep 1 on a GPU.
 
     Returns
     -------
@@ -144,39 +153,97 @@ def measure_zoo(
         raise ValueError(f"n_iters must be >= 1, got {n_iters}")
     grids = _rho_grids(measures, rho_grid)
 
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     total = len(items) * sum(len(g) for g in grids.values())
-    rows = []
+    task = dict(batches=batches, measures=dict(measures), grids=grids, seed=seed, n_iters=n_iters,
+                common=common, sharpness_fn=sharpness_fn)
+    rows: list[dict] = []
     bar = tqdm(total=total, desc="sharpness", unit="run", disable=not progress)
     try:
-        for name, model in items:
-            if not isinstance(model, nn.Module):
-                model = model()
-                if not isinstance(model, nn.Module):
-                    raise TypeError(f"loader for {name!r} returned {type(model)}, not an nn.Module")
-            model.eval()
-            for mname, kw in measures.items():
-                for rho in grids[mname]:
-                    bar.set_postfix_str(f"{name} {mname} rho={rho:g}", refresh=False)
-                    torch.manual_seed(seed)
-                    t0 = time.perf_counter()
-                    res = sharpness_fn(model, batches, rho=rho, n_iters=n_iters, seed=seed, **common, **kw)
-                    seconds = time.perf_counter() - t0
-                    rows.append(
-                        dict(
-                            model=name,
-                            measure=mname,
-                            rho=rho,
-                            value=float(res.value),
-                            per_batch=[float(v) for v in res.per_batch],
-                            base_loss=[float(v) for v in getattr(res, "base_losses", [])],
-                            seconds=seconds,
-                        )
-                    )
-                    bar.update(1)
-            del model
+        if workers == 1 or len(items) == 1:
+            for name, model in items:
+                rows.extend(_measure_model(name, model, bar=bar, **task))
+        else:
+            rows = _measure_parallel(items, task, workers, bar)
     finally:
         bar.close()
     return pd.DataFrame(rows, columns=["model", "measure", "rho", "value", "per_batch", "base_loss", "seconds"])
+
+
+def _load(name: str, model: ModelOrLoader) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        model = model()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"loader for {name!r} returned {type(model)}, not an nn.Module")
+    return model.eval()
+
+
+def _measure_model(name: str, model: ModelOrLoader, *, batches, measures, grids, seed, n_iters, common,
+                   sharpness_fn, bar=None) -> list[dict]:
+    """The rows of one model: every measure at every radius of its grid, each call seeded alike."""
+    model = _load(name, model)
+    rows = []
+    for mname, kw in measures.items():
+        for rho in grids[mname]:
+            if bar is not None:
+                bar.set_postfix_str(f"{name} {mname} rho={rho:g}", refresh=False)
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            res = sharpness_fn(model, batches, rho=rho, n_iters=n_iters, seed=seed, **common, **kw)
+            seconds = time.perf_counter() - t0
+            rows.append(
+                dict(
+                    model=name,
+                    measure=mname,
+                    rho=rho,
+                    value=float(res.value),
+                    per_batch=[float(v) for v in res.per_batch],
+                    base_loss=[float(v) for v in getattr(res, "base_losses", [])],
+                    seconds=seconds,
+                )
+            )
+            if bar is not None:
+                bar.update(1)
+    return rows
+
+
+_POOL: dict[str, Any] = {}
+
+
+def _pool_init(threads: int, task: dict) -> None:
+    torch.set_num_threads(threads)
+    _POOL.clear()
+    _POOL.update(task)
+
+
+def _pool_model(name: str, model: ModelOrLoader) -> list[dict]:
+    return _measure_model(name, model, **_POOL)
+
+
+def _measure_parallel(items, task: dict, workers: int, bar) -> list[dict]:
+    import multiprocessing as mp
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    name, model = items[0]
+    for what, obj in ((f"model {name!r}", model), ("sharpness_fn", task["sharpness_fn"]), ("common", task["common"])):
+        try:
+            pickle.dumps(obj)
+        except Exception as exc:  # noqa: BLE001 (any pickling failure means the same thing here)
+            raise TypeError(f"workers={workers} needs picklable models, loaders, sharpness_fn and common (an "
+                            f"nn.Module or a functools.partial of a module-level function, not a lambda); "
+                            f"{what} is not ({exc}); use workers=1") from None
+    results: list[list[dict] | None] = [None] * len(items)
+    with ProcessPoolExecutor(min(workers, len(items)), mp_context=mp.get_context("spawn"),
+                             initializer=_pool_init, initargs=(torch.get_num_threads(), task)) as ex:
+        futures = {ex.submit(_pool_model, n, m): i for i, (n, m) in enumerate(items)}
+        for f in as_completed(futures):
+            i = futures[f]
+            results[i] = f.result()
+            bar.set_postfix_str(items[i][0], refresh=False)
+            bar.update(len(results[i]))
+    return [row for part in results for row in part]  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- tau tables
