@@ -235,6 +235,32 @@ def test_sharpness_batches_are_fixed_training_pairs(tiny_zoo):
         lz.sharpness_batches(out, 30, 16)
 
 
+def _decoded_pairs(out, batches):
+    tok = nc.make_tokenizer(out / "corpus" / "vocab.txt")
+    pairs = []
+    for x, _ in batches:
+        for row in x["input_ids"]:
+            words = [w for w in tok.convert_ids_to_tokens(row.tolist()) if w != "[PAD]"]
+            sep = words.index("[SEP]")
+            pairs.append((" ".join(words[1:sep]), " ".join(w for w in words[sep + 1:] if w != "[SEP]")))
+    return pairs
+
+
+def test_retest_batches_are_other_training_pairs(tiny_zoo):
+    import collections
+
+    out, _ = tiny_zoo
+    main = _decoded_pairs(out, lz.sharpness_batches(out, 32, 16, seed=0))
+    again = _decoded_pairs(out, lz.sharpness_batches(out, 32, 16, seed=0, retest=True))
+    assert len(again) == 32 and again != main
+    # disjoint by position in the split: a text in both sets must occur at least twice in the split
+    counts = collections.Counter((e["premise"], e["hypothesis"]) for e in nc.load_split(out / "corpus" / "train.jsonl"))
+    assert all(counts[t] >= 2 for t in set(main) & set(again))
+    assert all(t in counts for t in again)
+    with pytest.raises(ValueError, match="retest pairs left"):
+        lz.sharpness_batches(out, 96, 16, retest=True)
+
+
 def test_load_zoo_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="language_zoo train"):
         lz.load_zoo(tmp_path)

@@ -44,6 +44,9 @@ def test_language_notebook_runs_and_publishes(tmp_path):
     assert metrics["paper_tau"] == {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}
     assert set(metrics["ablations"]) == {"geodesic_invariant", "geodesic_mixed", *lz.ABLATION_MEASURES}
     assert metrics["zoo"]["n_models"] == 6
+    # test-retest on other pairs: one row per measure, at its chosen rho, over all 6 models
+    assert {r["measure"]: (r["rho"], r["n"]) for r in metrics["retest"]} == {
+        m: (t["rho"], 6) for m, t in metrics["tau"].items()}
     assert {(r["metric"], r["eps"]) for r in metrics["eps_sweep"]} == {
         (m, e) for m in ("invariant", "mixed") for e in (0.0, 0.01)}
 

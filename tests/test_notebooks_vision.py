@@ -32,6 +32,16 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
     figs = {p.name for p in res.figures}
     assert {"fig4_vision.png", "fig4_vision.pdf", "vision_tau_vs_rho.png", "vision_zoo.png"} <= figs
     metrics = json.loads(res.metrics.read_text())
+    # test-retest on the two halves of the sharpness batches, recomputed from the published per-batch values
+    rt = {r["measure"]: r for r in metrics["retest"]["taus"]}
+    assert set(rt) == set(metrics["tau"])
+    sharp = pd.read_csv(reports / "data" / "vision" / "sharpness.csv")
+    for m, r in rt.items():
+        at = sharp[(sharp.measure == m) & (sharp.rho == metrics["tau"][m]["rho"])]
+        pb = np.array([json.loads(v) for v in at["per_batch"]])
+        h = pb.shape[1] // 2
+        ref = stats.kendalltau(pb[:, :h].mean(1), pb[:, h:].mean(1)).statistic
+        assert r["tau"] == pytest.approx(ref, nan_ok=True)
     assert metrics["profile"] == "cpu" and metrics["table1_row"] == "ImageNet"
     assert set(metrics["tau"]) == {"adaptive", "geodesic_invariant", "geodesic_mixed"}
     assert metrics["paper_tau"] == {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}

@@ -11,8 +11,8 @@ from scipy import stats
 
 import hideseek as hs
 from companion.experiments.vision_zoo import DigitsViT
-from companion.experiments.zoo import (STANDARD_MEASURES, measure_zoo, split_half_taus, tau_vs_rho,
-                                      value_table)
+from companion.experiments.zoo import (STANDARD_MEASURES, measure_zoo, per_batch_halves, retest_taus,
+                                      split_half_taus, tau_vs_rho, value_table)
 
 TINY = dict(width=8, layers=1, heads=2, patch_size=4, mlp_ratio=2.0, embed_dim=8, logit_scale=5.0)
 
@@ -177,3 +177,29 @@ def test_split_half_chooses_on_one_half_reports_on_other():
     assert table.set_index("measure").loc["up", "rho"] == 1.0  # the informative radius wins
     assert table.set_index("measure").loc["up", "paper"] == 0.5
     assert np.isnan(table.set_index("measure").loc["down", "paper"])
+
+
+# ------------------------------------------------------------------------ test-retest
+
+
+def test_per_batch_halves_by_hand():
+    frame = pd.DataFrame([dict(model="a", measure="m", rho=0.1, value=2.5, per_batch=[1.0, 2.0, 3.0, 4.0]),
+                          dict(model="b", measure="m", rho=0.1, value=2.0, per_batch=[1.0, 2.0, 3.0])])
+    first, second = per_batch_halves(frame)
+    assert first["value"].tolist() == [1.5, 1.0] and second["value"].tolist() == [3.5, 2.5]
+    with pytest.raises(ValueError, match="at least 2 batches"):
+        per_batch_halves(frame.assign(per_batch=[[1.0], [2.0]]))
+
+
+def test_retest_taus_match_scipy_and_align_models_by_name():
+    rng = np.random.default_rng(3)
+    names = [f"m{i}" for i in range(15)]
+    a = rng.normal(size=15)
+    b = a + rng.normal(scale=0.5, size=15)
+    first = pd.DataFrame(dict(model=names, measure="x", rho=0.2, value=a))
+    second = pd.DataFrame(dict(model=names, measure="x", rho=0.2, value=b)).iloc[::-1]   # other order
+    t = retest_taus(first, second, n_boot=100, seed=0)
+    assert len(t) == 1 and t["tau"].item() == pytest.approx(stats.kendalltau(a, b).statistic)
+    assert t["ci_low"].item() <= t["tau"].item() <= t["ci_high"].item() and t["n"].item() == 15
+    with pytest.raises(ValueError, match="no \\(measure, rho\\)"):
+        retest_taus(first, second.assign(rho=0.3))

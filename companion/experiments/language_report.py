@@ -102,6 +102,7 @@ def report_metrics(res: LanguageResult, profile: str, solver_check=None, params:
         "language", f"fitted members only (train error ≤ {rule['max_train_error']:g}, rule set after the all-member τ): "
         f"{len(members) - len(rule['excluded'])} of {len(members)}, held-out half", fitted, measures=measures)]
     return {
+        "retest": None if res.retest is None else res.retest.to_dict("records"),
         "fit_rule": rule,
         "table1": [
             cm.table1_entry("language", f"{len(members)} seed-only BERT fine-tunes, held-out half "

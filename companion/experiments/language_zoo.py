@@ -599,17 +599,21 @@ def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, devic
 
 
 def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
-                      seed: int = 0) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+                      seed: int = 0, retest: bool = False) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """The fixed training pairs on which every model's sharpness is measured.
 
     ``n_points`` pairs drawn without replacement (seeded) from the zoo's training
     split, in batches of ``batch_size``; padding beyond each batch's longest pair
-    is trimmed.
+    is trimmed. ``retest=True``: another ``n_points`` pairs, disjoint from those
+    (drawn from the rest of the split with the seed ``[seed, 1]``), for a
+    test-retest check; the main set is unchanged by it.
     """
     zoo = load_zoo(zoo_dir)
     if n_points < 1 or batch_size < 1:
         raise ValueError("n_points and batch_size must be >= 1")
     if zoo.get("kind") == "mccoy_bert":  # profile paper: MNLI training pairs (1024 in batches of 128)
+        if retest:
+            raise ValueError("retest batches are not implemented for McCoy et al.'s zoo; set retest: false")
         from companion.experiments.paper_zoos import mccoy_sharpness_batches
 
         return mccoy_sharpness_batches(zoo, n_points, batch_size, seed)
@@ -621,6 +625,12 @@ def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
         raise ValueError(f"n_points={n_points} is not a multiple of batch_size={batch_size}")
     rng = np.random.default_rng(seed)
     idx = np.sort(rng.choice(len(train), size=n_points, replace=False))
+    if retest:
+        rest = np.setdiff1d(np.arange(len(train)), idx)
+        if n_points > len(rest):
+            raise ValueError(f"no {n_points} retest pairs left beside the {n_points} measured ones "
+                             f"({len(train)} training pairs)")
+        idx = np.sort(np.random.default_rng([seed, 1]).choice(rest, size=n_points, replace=False))
     tok = nc.make_tokenizer(corpus / "vocab.txt")
     inputs, labels = nc.encode(tok, [train[i] for i in idx], zoo["spec"]["max_length"])
     return [(trim({k: v[i:i + batch_size] for k, v in inputs.items()}), labels[i:i + batch_size])
@@ -665,6 +675,7 @@ class LanguageResult:
     eps_table: Any          # tau vs eps at each metric's chosen rho
     protocol: dict
     meta: dict
+    retest: Any = None      # tau between each measure on the sharpness batches and on disjoint ones (chosen rho)
 
 
 def _curves(frame, gaps, halves, n_boot: int, seed: int):
@@ -778,6 +789,20 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
         eps_frame = pd.concat(parts, ignore_index=True)
         eps_table = pd.DataFrame(rows)
 
+    retest = None
+    if p.get("retest", True) and zoo.get("kind") != "mccoy_bert":
+        # test-retest: the three measures at their chosen rho on n_points other training pairs
+        from companion.experiments.zoo import retest_taus
+
+        batches_b = sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)),
+                                      retest=True)
+        t0 = time.perf_counter()
+        second = measure_zoo(loaders, batches_b, geo, {k: [chosen[k]] for k in geo}, seed=seed, n_iters=n_iters,
+                             progress=progress, common=common, workers=workers)
+        seconds["retest"] = time.perf_counter() - t0
+        first = pd.concat([frame[(frame["measure"] == k) & (frame["rho"] == chosen[k])] for k in geo])
+        retest = retest_taus(first, second, n_boot=n_boot, seed=seed)
+
     n_params = zoo["n_parameters"]
     protocol = {
         "n_models": len(members), "n_points": int(p["n_points"]), "batch_size": int(p["batch_size"]),
@@ -789,7 +814,7 @@ def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) ->
     }
     meta = {k: v for k, v in zoo.items() if k != "models"}
     return LanguageResult(members, frame, table, curves, halves, ablation_frame, ablation_table,
-                          ablation_curves, eps_frame, eps_table, protocol, meta)
+                          ablation_curves, eps_frame, eps_table, protocol, meta, retest)
 
 
 # ----------------------------------------------------------------------------

@@ -37,6 +37,20 @@ class VisionReport:
     metrics: dict           # the metrics JSON written to out_dir/metrics/vision.json
 
 
+def vision_retest(res: VisionResults, n_boot: int | None = None):
+    """Test-retest of each measure at its chosen rho: tau between its values on the two halves of the
+    sharpness batches (disjoint images), ``None`` with a single batch."""
+    from companion.experiments.zoo import per_batch_halves, retest_taus
+
+    chosen = res.table.set_index("measure")["rho"]
+    at = res.frame[[r["rho"] == chosen[r["measure"]] for _, r in res.frame.iterrows()]]
+    if at["per_batch"].map(len).min() < 2:
+        return None
+    first, second = per_batch_halves(at)
+    return retest_taus(first, second, n_boot=int(n_boot or res.protocol.get("n_boot", 1000)),
+                       seed=int(res.protocol.get("split_seed", 0)))
+
+
 def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stability_members=None,
                    stability_seconds=None) -> dict:
     """The ``vision`` stage's metrics (layout: :mod:`companion.metrics`).
@@ -48,6 +62,7 @@ def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stabili
 
     members, table, proto, meta = res.members, res.table, res.protocol, res.meta
     gap = members["gap"]
+    retest = vision_retest(res)
     entry_all = cm.table1_entry("vision", "all models, same ρ (ρ chosen on half of them)", table, models="all")
     extra = {}
     if stability is not None:
@@ -68,6 +83,10 @@ def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stabili
             "seconds": stability_seconds,
         }
     return {
+        "retest": None if retest is None else {
+            "what": ("Kendall tau over the models between each measure on the first and on the second half of the "
+                     "sharpness batches (disjoint images, each half of the data), at the chosen rho"),
+            "taus": retest.to_dict("records")},
         "table1_row": "ImageNet",
         "setting": (f"model-soups CLIP zoo ({len(members)} ViT-B/32 fine-tunes on ImageNet)" if clip_soups
                     else f"digits ViT zoo ({len(members)} open_clip ViTs)"),

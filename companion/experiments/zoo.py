@@ -327,3 +327,49 @@ def split_half_taus(frame: pd.DataFrame, gaps, *, seed: int = 0, n_boot: int = 2
             row["paper"] = paper.get(measure, float("nan"))
         rows.append(row)
     return pd.DataFrame(rows), halves
+
+
+# --------------------------------------------------------------------------- test-retest
+
+
+def per_batch_halves(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two measurements from one: each row's value on the first half of its batches and on the
+    second half (``per_batch`` means), for a test-retest check on disjoint data without new runs.
+    Needs at least 2 batches per row; with an odd number the first half has one batch fewer."""
+    n = frame["per_batch"].map(len)
+    if (n < 2).any():
+        raise ValueError("per_batch_halves needs at least 2 batches per row (one batch gives no second measurement)")
+    k = n // 2
+    first = [float(np.mean(pb[:h])) for pb, h in zip(frame["per_batch"], k)]
+    second = [float(np.mean(pb[h:])) for pb, h in zip(frame["per_batch"], k)]
+    cols = ["model", "measure", "rho"]
+    return frame[cols].assign(value=first), frame[cols].assign(value=second)
+
+
+def retest_taus(first: pd.DataFrame, second: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Test-retest reliability: Kendall tau, over the models, between a measure's values on two
+    disjoint sets of batches, for every (measure, rho) present in both frames (columns ``model,
+    measure, rho, value``). A measure that ranks the models differently on other data of the same
+    kind cannot rank their gaps reliably; tau near 1 means the ranking is a property of the models.
+    Columns: ``measure, rho, tau, ci_low, ci_high, pvalue, n``.
+    """
+    from companion.experiments.correlation import kendall_tau
+
+    a = first.set_index(["measure", "rho", "model"])["value"]
+    b = second.set_index(["measure", "rho", "model"])["value"]
+    rows = []
+    for (measure, rho), va in a.groupby(level=[0, 1], sort=False):
+        try:
+            vb = b.loc[(measure, rho)]
+        except KeyError:
+            continue
+        va = va.droplevel([0, 1])
+        common = [m for m in va.index if m in vb.index]
+        if len(common) < 3:
+            raise ValueError(f"{measure} at rho={rho}: {len(common)} models measured twice; need >= 3")
+        t = kendall_tau(va.loc[common].to_numpy(), vb.loc[common].to_numpy(), n_boot=n_boot, seed=seed)
+        rows.append(dict(measure=measure, rho=float(rho), tau=t.tau, ci_low=t.ci_low, ci_high=t.ci_high,
+                         pvalue=t.pvalue, n=t.n))
+    if not rows:
+        raise ValueError("no (measure, rho) is in both frames")
+    return pd.DataFrame(rows)
