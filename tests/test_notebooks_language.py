@@ -35,7 +35,8 @@ def test_language_notebook_runs_and_publishes(tmp_path):
             "fig8_tau_vs_rho_mixed.png"} <= figs
     metrics = json.loads(res.metrics.read_text())
     assert metrics["profile"] == "cpu" and metrics["table1_row"] == "MNLI"
-    held_out, whole = metrics["table1"]   # the held-out half first (the DVC headline), then all models
+    held_out, whole, crossfit = metrics["table1"][:3]   # held-out half first (the DVC headline), all models, cross-fit
+    assert crossfit["variant"].startswith("2-fold cross-fit") and crossfit["n_models"] == 6
     assert held_out["row"] == whole["row"] == "language"
     assert held_out["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
     assert whole["tau"] == {m: t["tau_all"] for m, t in metrics["tau"].items()}
@@ -44,6 +45,11 @@ def test_language_notebook_runs_and_publishes(tmp_path):
     assert metrics["paper_tau"] == {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}
     assert set(metrics["ablations"]) == {"geodesic_invariant", "geodesic_mixed", *lz.ABLATION_MEASURES}
     assert metrics["zoo"]["n_models"] == 6
+    # cross-fitting: on the split-half's own halves, so half B's tau is the held-out tau of the table
+    for r in metrics["crossfit"]:
+        assert r["tau_b"] == pytest.approx(metrics["tau"][r["measure"]]["tau"], nan_ok=True)
+        assert r["rho_a"] == metrics["tau"][r["measure"]]["rho"]
+    assert set(metrics["tau_gap_hans"]) == set(metrics["tau"])
     # test-retest on other pairs: one row per measure, at its chosen rho, over all 6 models
     assert {r["measure"]: (r["rho"], r["n"]) for r in metrics["retest"]} == {
         m: (t["rho"], 6) for m, t in metrics["tau"].items()}

@@ -32,6 +32,8 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
     figs = {p.name for p in res.figures}
     assert {"fig4_vision.png", "fig4_vision.pdf", "vision_tau_vs_rho.png", "vision_zoo.png"} <= figs
     metrics = json.loads(res.metrics.read_text())
+    for r in metrics["crossfit"]:   # the split-half's own halves: half B's tau is the table's held-out tau
+        assert r["tau_b"] == pytest.approx(metrics["tau"][r["measure"]]["tau"], nan_ok=True)
     # test-retest on the two halves of the sharpness batches, recomputed from the published per-batch values
     rt = {r["measure"]: r for r in metrics["retest"]["taus"]}
     assert set(rt) == set(metrics["tau"])
@@ -80,7 +82,7 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
     # the DVC headline, derived by the pipeline: the held-out entry's tau and model count
     head = json.loads((reports / "headline" / "vision.json").read_text())
     assert head["n"] == 3 and head["tau"] == {m: t["tau"] for m, t in metrics["tau"].items()}
-    assert [e["n_models"] for e in head["table1"]] == [3, 6] and "spread" in head["table1"][1]
+    assert [e["n_models"] for e in head["table1"]] == [3, 6, 6] and "spread" in head["table1"][1]
     # the notebook computes no sharpness itself: it calls the companion once
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "vision_report.run_report(" in code and "sharpness(" not in code and "measure_vision_zoo" not in code

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from companion.experiments.correlation import kendall_tau
+from companion.experiments.crossfit import crossfit_taus
+from companion.experiments.crossfit import table1_entry as crossfit_entry
 from companion.experiments.language_zoo import (PAPER_ABLATION_TAU, PAPER_TAU, LanguageResult, load_model,
                                                 measure_language_zoo, sharpness_batches)
 
@@ -98,10 +101,22 @@ def report_metrics(res: LanguageResult, profile: str, solver_check=None, params:
     measures = list(dict.fromkeys(res.frame["measure"]))
     gap = members["gap"]
     rule, fitted = fit_rule(res, params or {})
+    cf = crossfit_taus(res.frame, gap, res.halves, n_boot=int(proto["n_boot"]), seed=int(proto["split_seed"]),
+                       criterion=proto.get("criterion", "abs"))
+    hans = None
+    if "gap_hans" in members:   # the HANS-like gap (test - train), beside the paper's in-distribution gap
+        hans = {}
+        for m, r in table.set_index("measure").iterrows():
+            vals = res.frame[(res.frame["measure"] == m) & (res.frame["rho"] == r["rho"])].set_index("model")["value"]
+            t = kendall_tau(vals.loc[members.index].to_numpy(), members["gap_hans"].to_numpy(),
+                            n_boot=int(proto["n_boot"]), seed=int(proto["split_seed"]))
+            hans[m] = {"rho": float(r["rho"]), "tau": t.tau, "ci_low": t.ci_low, "ci_high": t.ci_high, "n": t.n}
     extra_entries = [] if fitted is None else [cm.table1_entry(
         "language", f"fitted members only (train error ≤ {rule['max_train_error']:g}, rule set after the all-member τ): "
         f"{len(members) - len(rule['excluded'])} of {len(members)}, held-out half", fitted, measures=measures)]
     return {
+        "crossfit": cf.to_dict("records"),
+        "tau_gap_hans": hans,
         "retest": None if res.retest is None else res.retest.to_dict("records"),
         "fit_rule": rule,
         "table1": [
@@ -110,6 +125,7 @@ def report_metrics(res: LanguageResult, profile: str, solver_check=None, params:
                             table, measures=measures, models="eval"),
             cm.table1_entry("language", "all models, same ρ (ρ chosen on half of them)", table, measures=measures,
                             models="all"),
+            crossfit_entry("language", cf, len(members)),
             *extra_entries,
         ],
         "table1_row": "MNLI",

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from companion.experiments.crossfit import crossfit_taus
+from companion.experiments.crossfit import table1_entry as crossfit_entry
 from companion.experiments.vision_zoo import PAPER_TAU, VisionResults, load_zoo, measure_stability, measure_vision_zoo
 
 
@@ -63,6 +65,7 @@ def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stabili
     members, table, proto, meta = res.members, res.table, res.protocol, res.meta
     gap = members["gap"]
     retest = vision_retest(res)
+    cf = crossfit_taus(res.frame, gap, res.halves, n_boot=int(proto["n_boot"]), seed=int(proto["split_seed"]))
     entry_all = cm.table1_entry("vision", "all models, same ρ (ρ chosen on half of them)", table, models="all")
     extra = {}
     if stability is not None:
@@ -83,6 +86,7 @@ def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stabili
             "seconds": stability_seconds,
         }
     return {
+        "crossfit": cf.to_dict("records"),
         "retest": None if retest is None else {
             "what": ("Kendall tau over the models between each measure on the first and on the second half of the "
                      "sharpness batches (disjoint images, each half of the data), at the chosen rho"),
@@ -96,6 +100,7 @@ def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stabili
             cm.table1_entry("vision", f"held-out half (ρ chosen on the other {int(table['n_eval'].iloc[0])} models)",
                             table, models="eval"),
             entry_all,
+            crossfit_entry("vision", cf, len(members)),
         ],
         "protocol": {k: proto[k] for k in ("n_models", "n_images", "batch_size", "n_batches", "n_iters", "rho_grid",
                                            "seed", "split_seed", "n_boot", "n_parameters", "model")},
