@@ -53,7 +53,7 @@ def test_run_stability(tmp_path):
     t = taus[(taus["measure"] == "adaptive") & (taus["gap"] == "gap_in_distribution")]["tau"]
     assert row["mean"].item() == pytest.approx(t.mean()) and row["n_zoos"].item() == 2
     # the Table 1 line: mean over zoos of the in-distribution taus, each zoo's tau kept as its spread
-    entry = st.table1_entry(taus, PARAMS)
+    entry = st.table1_entry(taus)
     assert entry["row"] == "language" and set(entry["tau"]) == {"adaptive", "geodesic_mixed"}
     per_zoo = t.to_list()
     assert entry["spread"]["adaptive"]["taus"] == per_zoo and entry["tau"]["adaptive"] == pytest.approx(np.mean(per_zoo))

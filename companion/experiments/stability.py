@@ -165,7 +165,7 @@ def run_stability(params: Mapping[str, Any], out_dir: str | Path, *, progress: b
     return taus, members, summary, seconds
 
 
-def table1_entry(taus, p: Mapping[str, Any]) -> dict[str, Any]:
+def table1_entry(taus) -> dict[str, Any]:
     """The Table 1 line of the stability zoos: per measure the mean tau over zoos (in-distribution
     gap, all members of each zoo, rho fixed in advance) with the per-zoo taus as its ``spread``."""
     from companion import metrics as cm
@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     taus.to_csv(report, index=False)
     members.to_csv(report.with_name(report.stem + "_members.csv"), index=False)
     metrics = {"profile": profile, "params": p, "seconds": seconds,
-               "summary": summary.to_dict("records"), "table1": table1_entry(taus, p)}
+               "summary": summary.to_dict("records"), "table1": table1_entry(taus)}
     Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
     Path(args.metrics).write_text(json.dumps(metrics, indent=1, default=float))
     print(summary.to_string(index=False, float_format=lambda v: f"{v:+.3f}"))

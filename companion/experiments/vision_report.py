@@ -39,18 +39,17 @@ class VisionReport:
     metrics: dict           # the metrics JSON written to out_dir/metrics/vision.json
 
 
-def vision_retest(res: VisionResults, n_boot: int | None = None):
+def vision_retest(res: VisionResults):
     """Test-retest of each measure at its chosen rho: tau between its values on the two halves of the
     sharpness batches (disjoint images), ``None`` with a single batch."""
     from companion.experiments.zoo import per_batch_halves, retest_taus
 
     chosen = res.table.set_index("measure")["rho"]
-    at = res.frame[[r["rho"] == chosen[r["measure"]] for _, r in res.frame.iterrows()]]
+    at = res.frame[res.frame["rho"] == res.frame["measure"].map(chosen)]
     if at["per_batch"].map(len).min() < 2:
         return None
     first, second = per_batch_halves(at)
-    return retest_taus(first, second, n_boot=int(n_boot or res.protocol.get("n_boot", 1000)),
-                       seed=int(res.protocol.get("split_seed", 0)))
+    return retest_taus(first, second, n_boot=int(res.protocol["n_boot"]), seed=int(res.protocol["split_seed"]))
 
 
 def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stability_members=None,
