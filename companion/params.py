@@ -156,6 +156,121 @@ def stage_params(
     return profile, apply_overrides(resolved, overrides)
 
 
+# --------------------------------------------------------------------------- typed settings
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` checked against (and, for nested settings and measures, built as) the type ``tp``."""
+    import dataclasses
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, option, where)
+            except ParamsError as exc:
+                errors.append(str(exc))
+        raise ParamsError(errors[0] if len(errors) == 1 else
+                          f"{where} = {value!r} matches none of {[_type_name(a) for a in args]}")
+    if _is_measure(tp):
+        from hideseek import Measure
+        try:
+            return Measure.from_dict(value) if isinstance(value, Mapping) else Measure.parse(value)
+        except (TypeError, ValueError) as exc:
+            raise ParamsError(f"{where}: {exc}") from None
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ParamsError(f"{where} must be a mapping of {tp.__name__} fields, got {value!r}")
+        return _from_mapping(tp, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ParamsError(f"{where} must be a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ParamsError(f"{where} must have {len(args)} entries, got {len(value)}")
+            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        out = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ParamsError(f"{where} must be a mapping, got {value!r}")
+        kt, vt = args or (Any, Any)
+        return {_coerce(k, kt, f"{where} key"): _coerce(v, vt, f"{where}.{k}") for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamsError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp in (bool, str):
+        if not isinstance(value, tp):
+            raise ParamsError(f"{where} must be a {tp.__name__}, got {value!r}")
+        return value
+    if origin is typing.Literal:
+        if value not in args:
+            raise ParamsError(f"{where} must be one of {list(args)}, got {value!r}")
+        return value
+    raise ParamsError(f"{where}: settings field type {_type_name(tp)} is not supported by companion.params")
+
+
+def _is_measure(tp: Any) -> bool:
+    return getattr(tp, "__name__", None) == "Measure" and getattr(tp, "__module__", "").startswith("hideseek")
+
+
+def _from_mapping(cls: type, data: Mapping, where: str):
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = {f.name for f in fields}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ParamsError(f"{where} has keys {unknown} that {cls.__name__} does not know "
+                          f"(known: {sorted(names)}); fix the spelling in params.yaml")
+    missing = [f.name for f in fields if f.name not in data]
+    if missing:
+        raise ParamsError(f"{where} is missing {missing}; add them to params.yaml "
+                          f"(under the stage's defaults or its profile section)")
+    return cls(**{f.name: _coerce(data[f.name], hints[f.name], f"{where}.{f.name}") for f in fields})
+
+
+def settings(cls: type, stage: str, profile: str | None = None,
+             overrides: Mapping[str, Any] | Iterable[str] = (), *,
+             path: str | os.PathLike | None = None, params: Mapping | None = None):
+    """The typed settings of ``stage``: an instance of the dataclass ``cls``.
+
+    The parameters are :func:`stage_params` (defaults, profile, overrides); then every
+    field of ``cls`` must be present (no defaults live in code), no unknown key is
+    accepted, and each value is checked against the field's annotation: ``int``,
+    ``float`` (integers accepted), ``bool``, ``str``, ``Literal[...]``, ``X | None``,
+    ``list[X]``, ``tuple[X, ...]``, ``dict[str, X]``, nested dataclasses, and
+    :class:`hideseek.Measure` (a measure's name or its ``to_dict`` mapping). A mismatch is a
+    one-line :class:`ParamsError` naming the dotted key.
+    """
+    import dataclasses
+
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"settings() needs a dataclass type, got {cls!r}")
+    resolved_profile, data = stage_params(stage, profile, overrides, path=path, params=params)
+    return _from_mapping(cls, data, f"params.yaml {stage} ({resolved_profile})")
+
+
 def resolve_all(path: str | os.PathLike | None = None) -> dict:
     """Every stage's parameters under every profile it names: ``{"profile", "stages": {stage: {profile: …}}}``.
 
