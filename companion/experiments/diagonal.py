@@ -52,6 +52,7 @@ import torch
 from scipy import optimize
 from tqdm.auto import tqdm
 
+from companion import paper
 from hideseek.geometry.gl import PairGeometry
 from hideseek.solvers.apgd import apgd
 
@@ -59,7 +60,7 @@ MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
 STEPS = ("exact", "second_order", "straight")
 
 #: Paper, Table 1, row "Diagonal networks" (Kendall tau vs test loss).
-PAPER_TAU = {"adaptive": -0.68, "geodesic_invariant": -0.83, "geodesic_mixed": -0.86}
+PAPER_TAU = paper.table1_tau("diagonal")
 
 #: Distance kept from the end of the mixed geodesics (b_i = -1/2), relative.
 TIP_MARGIN = 1e-12

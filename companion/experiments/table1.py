@@ -32,24 +32,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from companion import paper
 from companion.metrics import read_metrics, table1_entries
 
-MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
+MEASURES = paper.TABLE1_MEASURES
 MEASURE_TITLES = {"adaptive": "adaptive", "geodesic_invariant": "geodesic, invariant (metric 5/9)",
                   "geodesic_mixed": "geodesic, mixed (metric 6/10)"}
 
-#: The paper's Table 1, in its order.
-PAPER_ROWS = [
-    {"row": "diagonal", "setting": "Diagonal networks (50 nets)",
-     "ours": "diagonal networks, sparse regression",
-     "paper": {"adaptive": -0.68, "geodesic_invariant": -0.83, "geodesic_mixed": -0.86}},
-    {"row": "vision", "setting": "ImageNet, CLIP ViT-B/32 fine-tunes (72 models)",
-     "ours": "vision-transformer zoo (ImageNet analogue)",
-     "paper": {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}},
-    {"row": "language", "setting": "MNLI, BERT fine-tunes (35 models)",
-     "ours": "language-transformer zoo (MNLI analogue)",
-     "paper": {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}},
-]
+_OURS = {"diagonal": "diagonal networks, sparse regression",
+         "vision": "vision-transformer zoo (ImageNet analogue)",
+         "language": "language-transformer zoo (MNLI analogue)"}
+#: The paper's Table 1, in its order (values from :mod:`companion.paper`).
+PAPER_ROWS = [{"row": row, "setting": paper.TABLE1_SETTING[row], "ours": ours, "paper": paper.table1_tau(row)}
+              for row, ours in _OURS.items()]
 NOT_COMPUTED = "not computed yet"
 
 

@@ -57,6 +57,8 @@ from open_clip.transformer import VisionTransformer
 from torch import nn
 from tqdm.auto import tqdm
 
+from companion import paper
+
 STAGE = "vision_train"
 IMAGE_SIZE = 8
 N_CLASSES = 10
@@ -510,11 +512,10 @@ def members_frame(meta: Mapping[str, Any]):
 # --------------------------------------------------------------------------- sharpness
 
 #: Kendall tau of Figure 4 / Table 1 row "ImageNet" (72 CLIP ViT-B/32 fine-tunes).
-PAPER_TAU = {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}
+PAPER_TAU = paper.table1_tau("vision")
 
 #: The paper's protocol for the ImageNet zoo (Section 6.2.1), for the notebook's comparison.
-PAPER_PROTOCOL = dict(n_models=72, model="CLIP ViT-B/32 (~88M parameters), 12 layers, width 768, 12 heads",
-                      data="ImageNet-1k", n_images=2048, batch_size=256, n_iters=20, rho_grid="not given")
+PAPER_PROTOCOL = dict(paper.VISION_PROTOCOL)
 
 
 @dataclass
