@@ -9,7 +9,8 @@ from companion.experiments import table1
 from companion.pipeline import run_stage
 
 TINY = {
-    "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant"},
+    "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant",
+            "points": [[0.5, 0.5], [1.0, 1.0], [1.6, 1.1], [-0.6, 1.2], [-1.2, -1.5], [1.4, -1.4]]},
     "diagonal": {"n": 15, "d": 30, "kappa": 3, "seed": 0, "stop_loss": 1e-4, "max_steps": 40000, "check_every": 100,
                  "rho": 0.1, "rhos": [0.03, 0.1], "n_iters": 10, "n_starts": 3, "n_boot": 50, "convergence_factor": 2,
                  "main": {"n_nets": 6, "alpha": 0.1,
