@@ -133,6 +133,21 @@ def reliability_fields(*, gap_reliability: float, retest: Mapping[str, float], n
                       for m, t in retest.items()}}
 
 
+def write_plot_data(data_dir: str | os.PathLike, curves, scatter) -> list[Path]:
+    """The files ``dvc.yaml``'s ``plots:`` read (``dvc plots show``), one column per measure:
+    ``plot_tau_vs_rho.csv`` (``rho`` and each measure's τ, from the long ``curves`` table with
+    columns ``measure, rho, tau``) and ``plot_scatter.csv`` (``scatter`` as given: one row per
+    model, the generalisation column and each measure's value at its primary ρ)."""
+    out = Path(data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wide = curves.pivot_table(index="rho", columns="measure", values="tau", sort=True).reset_index()
+    wide.columns.name = None
+    paths = [out / "plot_tau_vs_rho.csv", out / "plot_scatter.csv"]
+    wide.to_csv(paths[0], index=False)
+    scatter.to_csv(paths[1], index=False)
+    return paths
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, Mapping):
         return {k: _jsonable(v) for k, v in x.items()}

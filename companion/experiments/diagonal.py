@@ -933,14 +933,15 @@ def summary_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
 def run_report(params: Mapping[str, Any] | Settings, out_dir, *, progress: bool = True) -> dict[str, Any]:
     """The stage's one computing call: :func:`run`, then every output written under ``out_dir``:
     ``metrics/diagonal.json`` (:func:`summary_metrics`) and ``data/{networks,sharpness,taus,
-    alpha_sweep_networks,alpha_sweep_sharpness}.csv`` (``taus.csv``: one row per measure, step, radius
+    alpha_sweep_networks,alpha_sweep_sharpness}.csv`` and the ``plots:`` files
+    (:func:`companion.metrics.write_plot_data`; ``taus.csv``: one row per measure, step, radius
     and ``starts`` — ``best`` of the starts or the ``single`` start at xi = 0). Returns the result of
     :func:`run` with ``metrics`` added."""
     from pathlib import Path
 
     import pandas as pd
 
-    from companion.metrics import write_stage_metrics
+    from companion.metrics import write_plot_data, write_stage_metrics
 
     res = run(params, progress=progress)
     res["metrics"] = summary_metrics(res)
@@ -952,6 +953,13 @@ def run_report(params: Mapping[str, Any] | Settings, out_dir, *, progress: bool 
     res["sharpness"].to_csv(out / "data" / "sharpness.csv", index=False)
     pd.concat([res["taus"].assign(starts="best"), res["taus_single"].assign(starts="single")],
               ignore_index=True).to_csv(out / "data" / "taus.csv", index=False)
+    main = res["taus"][[f"{m}:{st}" in MAIN_VARIANTS for m, st in zip(res["taus"].measure, res["taus"].step)]]
+    at = res["sharpness"][np.isclose(res["sharpness"].rho, res["rho"])
+                          & [f"{m}:{st}" in MAIN_VARIANTS for m, st in zip(res["sharpness"].measure,
+                                                                            res["sharpness"].step)]]
+    scatter = at.pivot(index="net", columns="measure", values="sharpness").join(
+        res["nets"].set_index("net").test_loss).reset_index()
+    write_plot_data(out / "data", main, scatter)
     if res["alpha_sweep"] is not None:
         res["alpha_sweep"]["nets"].to_csv(out / "data" / "alpha_sweep_networks.csv", index=False)
         res["alpha_sweep"]["sharpness"].to_csv(out / "data" / "alpha_sweep_sharpness.csv", index=False)
