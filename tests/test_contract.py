@@ -17,7 +17,8 @@ NOTEBOOKS = ["toy", "diagonal"]
 #: companion modules whose functions are held to 80 lines
 MODULES = ["companion/analysis.py", "companion/paper.py", "companion/params.py", "companion/metrics.py",
            "companion/experiments/toy.py", "companion/experiments/diagonal.py", "companion/experiments/table1.py",
-           "companion/experiments/correlation.py", "companion/experiments/crossfit.py", "companion/experiments/zoo.py"]
+           "companion/experiments/correlation.py", "companion/experiments/crossfit.py", "companion/experiments/zoo.py",
+           "companion/pipeline.py"]
 #: experiment modules that read their parameters through typed settings only
 EXPERIMENTS = ["toy", "diagonal", "table1", "correlation", "crossfit", "zoo"]
 #: companion functions a notebook may call besides its one computing call: they only format numbers
