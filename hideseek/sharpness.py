@@ -270,6 +270,8 @@ def _symmetry_blocks(model: nn.Module, measure: Measure, all_params: dict[str, T
         return []
     found = find_symmetries(model, on_unsupported=on_unsupported)
     extra = [_bind_declared(blk, all_params) for blk in (pairs or [])]
+    declared = {n for b in extra for n in b.param_names}
+    found = [b for b in found if not declared & set(b.param_names)]   # a declaration wins
     blocks = _check_whole(found + extra, used, exclude, extra)
     if not blocks:
         raise SharpnessInputError(

@@ -38,6 +38,7 @@ from torch import nn
 
 from .base import AttentionBlock, LinearRef, SymmetryBlock, UnsupportedAttentionError
 from .declare import AttentionSpec, _is_conv1d, declared_spec
+from .lora import adapter_params, base_of, is_lora_layer, lora_pairs
 
 __all__ = ["UnsupportedAttentionError", "find_symmetries"]
 
@@ -364,21 +365,26 @@ _HF_QKV = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"), ("q_lin", 
 _HF_OUT = ("o_proj", "out_proj", "out_lin", "dense", "o")
 
 
+def _child(mod: nn.Module, c: str):
+    """Child ``c`` of ``mod``, through a peft LoRA wrapper (its base layer)."""
+    return base_of(getattr(mod, c, None))
+
+
 def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     for qn, kn, vn in _HF_QKV:
-        if all(_linear(getattr(mod, c, None)) for c in (qn, kn, vn)):
+        if all(_linear(_child(mod, c)) for c in (qn, kn, vn)):
             break
     else:
         return None
     out = None
     for on in _HF_OUT:
-        if _linear(getattr(mod, on, None)):
+        if _linear(_child(mod, on)):
             out = on
             break
     root, rel = name, (lambda c: c)
     if out is None:  # BERT layout: <parent>.self.{query,key,value} + <parent>.output.dense
         parent = name.rsplit(".", 1)[0] if "." in name else ""
-        if not _linear(info.modules.get(_p(parent, "output.dense"))):
+        if not _linear(base_of(info.modules.get(_p(parent, "output.dense")))):
             raise UnsupportedAttentionError(
                 f"{name}: found {qn}/{kn}/{vn} projections but no output projection "
                 f"({'/'.join(_HF_OUT)} or a sibling output.dense)")
@@ -401,7 +407,7 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
             f"{name}: relative-key position embeddings (position_embedding_type={pet!r}) add "
             f"query·position and key·position terms with one table shared by all heads, which {_NO_GL}")
     heads = _num_heads(mod, info.model)
-    wq, wk = getattr(mod, qn).weight, getattr(mod, kn).weight
+    wq, wk = _child(mod, qn).weight, _child(mod, kn).weight
     head_dim = _int_attr([mod], ("head_dim", "attention_head_size", "key_value_proj_dim"))
     if head_dim is not None and wq.shape[0] % head_dim == 0:
         heads = wq.shape[0] // head_dim       # the module's own head width beats a shared config
@@ -411,12 +417,19 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     if head_dim is not None and wk.shape[0] % head_dim == 0:
         kv_heads = wk.shape[0] // head_dim
     r, pairing = _rotary(name, mod, info, wq.shape[0] // heads)
-    spec = AttentionSpec(root, heads, o=rel(out) if out != "output.dense" else out,
-                         q=rel(qn), k=rel(kn), v=rel(vn), kv_heads=kv_heads, rotary_dims=r,
+    # peft LoRA wrappers: the pairs are on their base layers; the adapters are noted
+    lora = {c: f"{c}.base_layer" for c in (qn, kn, vn) if is_lora_layer(getattr(mod, c, None))}
+    out_mod = info.modules.get(_p(root, out))
+    out_name = f"{out}.base_layer" if is_lora_layer(out_mod) else out
+    spec = AttentionSpec(root, heads, o=rel(out_name) if out != "output.dense" else out_name,
+                         q=rel(lora.get(qn, qn)), k=rel(lora.get(kn, kn)), v=rel(lora.get(vn, vn)),
+                         kv_heads=kv_heads, rotary_dims=r,
                          rotary_pairing=pairing, q_extra=tuple(map(rel, q_extra)),
                          k_extra=tuple(map(rel, k_extra)))
     blk = spec.bind(info.params)
     blk.module = name
+    blk.adapters = tuple(n for c in (qn, kn, vn) for n in adapter_params(_p(name, c), getattr(mod, c)))
+    blk.adapters += adapter_params(_p(root, out), out_mod) if out_mod is not None else ()
     return blk
 
 
@@ -512,4 +525,4 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
             "cannot apply the GL(h) attention geometry to this model:\n  - " + "\n  - ".join(problems)
             + "\nPass on_unsupported='adaptive' to treat these parameters elementwise (adaptive "
             "geometry), or declare the blocks yourself (hideseek.symmetries.declare_attention).")
-    return blocks
+    return blocks + [p.bind(info.params) for p in lora_pairs(model)]
