@@ -447,8 +447,14 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     Parameters
     ----------
     model:
-        In eval mode, finite float32/float64 weights (half-precision weights are refused: use
-        ``autocast=``).  Output: a tensor, an object with ``.logits``, or one with ``.loss``.
+        In eval mode, finite weights.  **What is perturbed**: the parameters that require
+        gradients (and get one), minus ``exclude``; frozen ones stay fixed (a LoRA fine-tune:
+        the adapters); ``SharpnessResult.perturbed_params`` lists them.  They must be
+        float32/float64 (perturbed half-precision weights are refused: load in float32 and
+        use ``autocast=``); frozen half-precision weights are fine.  ``nn.DataParallel``,
+        ``DistributedDataParallel`` and ``torch.compile`` wrappers are unwrapped (the wrapped
+        module is measured eagerly).  Output: a tensor, an object with ``.logits``, or one
+        with ``.loss``.
     batches:
         Iterable (list, ``DataLoader``) of ``(inputs, labels)``; ``inputs`` a tensor (passed
         positionally) or a dict (passed as keyword arguments).  A batch may also be a dict
@@ -461,7 +467,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         alias (``"geodesic"``, ``"adaptive"``).  Default ``Measure()``: geodesic sharpness,
         invariant metric.
     rho:
-        Radius of the ball.
+        Radius of the ball; what it means per measure, and :func:`hideseek.suggest_rho` to
+        choose one: :mod:`hideseek.rho`.
     n_iters:
         Auto-PGD iterations (gradient evaluations) per batch; the number of draws of the
         average case when ``n_samples`` is not given.
@@ -475,7 +482,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         in a float64 model: pass ``loss_fn`` for float64 precision.)
     pairs:
         Extra user-declared symmetry blocks (:class:`~hideseek.symmetries.DiagonalPair`,
-        :class:`~hideseek.symmetries.FactorPair`), added to the attention pairs found.
+        :class:`~hideseek.symmetries.FactorPair`, names full or a unique ending), added to
+        the pairs found (attention, and one GL(r) pair per peft LoRA adapter); a declared
+        pair replaces a found one on the same parameters.
     n_samples:
         Draws per batch of the average case.
     random_start:
@@ -483,8 +492,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     on_unsupported:
         ``"raise"`` or ``"adaptive"``: what to do with attention whose symmetry is unknown.
     exclude:
-        Parameter names or dotted prefixes to leave unperturbed (a single string is one
-        prefix); each must match some parameter.
+        Parameter names or dotted prefixes to leave unperturbed besides the frozen ones (a
+        single string is one prefix); each must match some parameter, and none may leave a
+        symmetry pair perturbed in part (refused, naming the pair).
     autocast:
         ``None`` (full precision), ``"bfloat16"`` or ``"float16"``: run the model's forward
         and backward passes under ``torch.autocast`` in that dtype.  The geometry (metric,
