@@ -176,13 +176,17 @@ def _check_exclude(exclude, names: Sequence[str]) -> tuple[str, ...]:
     return exclude
 
 
-def _check_amp(model: nn.Module, autocast) -> torch.dtype | None:
+def _check_amp(model: nn.Module, autocast, perturb: Sequence[str] = ()) -> torch.dtype | None:
+    """The autocast dtype; the perturbed parameters must then be float32 (torch.autocast
+    leaves other dtypes alone; frozen half-precision weights are fine)."""
     amp_dtype = _autocast_dtype(autocast)
-    if amp_dtype is not None and any(p_.dtype != torch.float32 for p_ in model.parameters()
-                                     if p_.is_floating_point()):
-        raise ValueError(f"autocast={autocast!r} needs a float32 model (torch.autocast leaves other dtypes "
-                         f"alone), but this one has {sorted({str(p_.dtype) for p_ in model.parameters()})} "
-                         "parameters; call model.float() first or drop autocast")
+    params = dict(model.named_parameters())
+    names = perturb or list(params)
+    other = sorted({str(params[n].dtype) for n in names if params[n].dtype != torch.float32})
+    if amp_dtype is not None and other:
+        raise ValueError(f"autocast={autocast!r} needs a float32 model (its perturbed parameters in float32: "
+                         f"torch.autocast leaves other dtypes alone), but some are {other}; call model.float() "
+                         "first or drop autocast")
     return amp_dtype
 
 
@@ -296,7 +300,7 @@ def _set_up(model: nn.Module, data: list, measure: Measure, *, loss_fn: Callable
     all_params = {n: p_.detach() for n, p_ in model.named_parameters()}
     perturb = _perturbed(model, exclude) if perturb is None else perturb
     x0, y0 = _to(data[0][0], device), _to(data[0][1], device)
-    loss = _Loss(model, loss_fn, _check_amp(model, autocast), device)
+    loss = _Loss(model, loss_fn, _check_amp(model, autocast, perturb), device)
     loss0, setup_grads = _setup_pass(loss, all_params, x0, y0, perturb, checks)
     used = set(setup_grads)
     blocks = _symmetry_blocks(model, measure, all_params, used, pairs, on_unsupported, exclude)

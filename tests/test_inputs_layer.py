@@ -186,3 +186,17 @@ def test_compiled_model_is_measured_through_its_original_module(data):
     res = sharpness(compiled, [data], **FAST)
     assert res.value == sharpness(model, [data], **FAST).value
     assert math.isfinite(res.value)
+
+
+def test_distributed_data_parallel_is_unwrapped(data, tmp_path):
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = MHAClassifier()
+        ddp = nn.parallel.DistributedDataParallel(model)
+        assert unwrap_model(ddp) is model
+        assert sharpness(ddp, [data], **FAST).value == sharpness(model, [data], **FAST).value
+    finally:
+        dist.destroy_process_group()

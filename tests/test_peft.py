@@ -142,3 +142,9 @@ def test_factor_pair_accepts_the_names_a_user_sees():
         run(model, pairs=[FactorPair("lora_B.weight", "lora_A.weight", transpose_h=True)])
     with pytest.raises(ValueError, match=r"FactorPair: no parameter named 'nope.weight'"):
         run(model, pairs=[FactorPair("nope.weight", "lora_A.weight", transpose_h=True)])
+
+
+def test_autocast_on_a_half_precision_base_with_float32_adapters(bf16):
+    """autocast needs float32 *perturbed* parameters only: a LoRA on a bf16 base runs."""
+    res = run(bf16, autocast="bfloat16")
+    assert res.config["autocast"] == "bfloat16" and res.value > 0
