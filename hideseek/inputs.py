@@ -189,7 +189,8 @@ def _model_error(err: Exception, i: int) -> SharpnessInputError:
         hint = " (token ids such as input_ids must be an integer tensor)"
     elif "shape" in low or "size" in low:
         hint = " (check the shapes of inputs and labels)"
-    return SharpnessInputError(f"the model raised {type(err).__name__} on batch {i}: {msg[:300]}{hint}")
+    return SharpnessInputError(f"the model (or loss_fn) raised {type(err).__name__} on batch {i}: "
+                               f"{msg[:300]}{hint}")
 
 
 class Loss:

@@ -51,7 +51,7 @@ def test_labels_out_of_range_and_float_ids_are_one_line(bert_dir, tmp_path, caps
 def test_errors_raised_inside_the_model_are_one_line(bert_dir, tmp_path, capsys):
     x, y = bert_batch(n=4)
     assert run(bert_dir, save(tmp_path, x, torch.zeros(4, 5, dtype=torch.long))) == 2
-    one_line(capsys, "the model raised", "on batch 0")
+    one_line(capsys, "the model (or loss_fn) raised ValueError on batch 0", "check the shapes of inputs and labels")
 
 
 def test_unexpected_errors_are_one_line_too(bert_dir, tmp_path, capsys, monkeypatch):

@@ -65,7 +65,7 @@ def test_relative_flatness_no_private_copies():
 
 def test_model_errors_become_one_line_naming_the_batch(data):
     x, y = data
-    with pytest.raises(SharpnessInputError, match=r"raised IndexError on batch 0: .*out of bounds.*class indices"):
+    with pytest.raises(SharpnessInputError, match=r"the model \(or loss_fn\) raised IndexError on batch 0: .*out of bounds.*class indices"):
         sharpness(MHAClassifier(), [(x, y + 5)], **FAST)
     model = tiny_bert()
     ids, yb = bert_batch()

@@ -20,7 +20,9 @@ a group, §12).  Supported (``docs/model_support.md`` has the full table):
   partial rotary; ``docs/maths.md`` §12):
   their query/key pairs carry the rotary subgroup (:class:`PairGroup`, ``rotary``), read from
   the model's rotary module and its ``rotate_half``, value/output pairs keep full GL;
-* anything declared by hand with :func:`~hideseek.symmetries.declare_attention`.
+* anything declared by hand with :func:`~hideseek.symmetries.declare_attention`;
+* peft LoRA adapters: one GL(r) pair per adapter and target module (:mod:`.lora`), and
+  attention whose projections are LoRA-wrapped (its pairs on the base layers).
 
 Attention whose symmetry is broken (QK-norm, scaled cosine attention, relative-key position
 embeddings, norms or gates between heads and output, learned bias keys/values) or whose layout
@@ -483,7 +485,8 @@ def _inside(a: str, b: str) -> bool:
 
 
 def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[SymmetryBlock]:
-    """The attention symmetry blocks of ``model``, in module order.
+    """The attention symmetry blocks of ``model``, in module order, then one
+    :class:`~hideseek.symmetries.lora.LoRAPair` per peft LoRA adapter and target module.
 
     Each block is readable (``print(block)``, ``block.describe()``): module path, kind
     (``qk`` or ``vo``), number of pairs, head width, group (``GL(h)`` or the rotary subgroup)
