@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call  # noqa: F401 (the loss's functional call, now in .inputs; kept as a name)
 from torch.profiler import record_function
 
 from .geometry.space import ProductGeometry
