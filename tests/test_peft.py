@@ -134,3 +134,22 @@ def test_autocast_on_a_half_precision_base_with_float32_adapters(bf16):
     """autocast needs float32 *perturbed* parameters only: a LoRA on a bf16 base runs."""
     res = run(bf16, autocast="bfloat16")
     assert res.config["autocast"] == "bfloat16" and res.value > 0
+
+
+def test_lora_on_gpt2_packed_conv1d_attention():
+    """GPT-2: LoRA on the packed Conv1D c_attn (fan_in_fan_out); the attention is still found
+    on the base layers, and the adapters' GL(r) pairs are invariant by hand."""
+    torch.manual_seed(0)
+    cfg = tr.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+    base = tr.GPT2LMHeadModel(cfg).double()
+    torch.manual_seed(1)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=RANK, lora_alpha=8, target_modules=["c_attn", "c_proj"],
+                                                      fan_in_fan_out=True, init_lora_weights=False)).eval()
+    blocks = hs.find_symmetries(model)
+    attn = [b for b in blocks if isinstance(b, hs.AttentionBlock)]
+    assert len(attn) == 2 and "attn.c_attn.base_layer.weight" in attn[0].param_names[0]
+    assert any("lora_A" in n for n in attn[0].adapters)
+    lora = [b for b in blocks if b.groups[0].kind == "lora"]
+    assert len(lora) == 6       # c_attn, attn.c_proj, mlp.c_proj per layer
+    a = run(model)
+    assert a.value == pytest.approx(run(act_by_hand(model, expect=6)).value, rel=1e-7)

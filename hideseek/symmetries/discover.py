@@ -40,7 +40,7 @@ from torch import nn
 
 from .base import AttentionBlock, LinearRef, SymmetryBlock, UnsupportedAttentionError
 from .declare import AttentionSpec, _is_conv1d, declared_spec
-from .lora import adapter_params, base_of, is_lora_layer, lora_pairs
+from .lora import adapter_params, base_of, lora_pairs
 
 __all__ = ["UnsupportedAttentionError", "find_symmetries"]
 
@@ -290,7 +290,7 @@ def _timm_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock:
 def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     """``c_attn`` (+ ``q_attn`` for cross-attention) and ``c_proj``: GPT-2 (Conv1D, packed
     ``[Q; K; V]``) and GPT-BigCode (Linear; multi-query ``[Q; k; v]``, else per head)."""
-    c_attn, c_proj = getattr(mod, "c_attn", None), getattr(mod, "c_proj", None)
+    c_attn, c_proj = _child(mod, "c_attn"), _child(mod, "c_proj")
     if not ((_is_conv1d(c_attn) or _linear(c_attn)) and (_is_conv1d(c_proj) or _linear(c_proj))):
         return None
     cls = type(mod).__name__
@@ -334,7 +334,7 @@ _PACKED_NAMES = ("query_key_value", "qkv_proj", "Wqkv", "qkv")
 def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     """One packed ``query_key_value``/``qkv_proj`` projection of a known class: per head
     ``[q k v]`` (GPT-NeoX, BLOOM) or ``[Q; K; V]`` with grouped keys/values (Phi-3)."""
-    packed = [c for c in _PACKED_NAMES if _linear(getattr(mod, c, None))]
+    packed = [c for c in _PACKED_NAMES if _linear(_child(mod, c))]
     if not packed:
         return None
     cls = type(mod).__name__
@@ -354,7 +354,7 @@ def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | N
     if heads is None:
         raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
     kv_heads = _num_kv_heads(mod, info.model, heads) if layout == "blocks" else heads
-    dk = getattr(mod, qkv).out_features // (heads + 2 * kv_heads)
+    dk = _child(mod, qkv).out_features // (heads + 2 * kv_heads)
     _check_qk_norm(name, mod)
     _check_norms(name, mod)
     r, pairing = _rotary(name, mod, info, dk)
@@ -419,19 +419,14 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     if head_dim is not None and wk.shape[0] % head_dim == 0:
         kv_heads = wk.shape[0] // head_dim
     r, pairing = _rotary(name, mod, info, wq.shape[0] // heads)
-    # peft LoRA wrappers: the pairs are on their base layers; the adapters are noted
-    lora = {c: f"{c}.base_layer" for c in (qn, kn, vn) if is_lora_layer(getattr(mod, c, None))}
-    out_mod = info.modules.get(_p(root, out))
-    out_name = f"{out}.base_layer" if is_lora_layer(out_mod) else out
-    spec = AttentionSpec(root, heads, o=rel(out_name) if out != "output.dense" else out_name,
-                         q=rel(lora.get(qn, qn)), k=rel(lora.get(kn, kn)), v=rel(lora.get(vn, vn)),
-                         kv_heads=kv_heads, rotary_dims=r,
+    spec = AttentionSpec(root, heads, o=rel(out) if out != "output.dense" else out,
+                         q=rel(qn), k=rel(kn), v=rel(vn), kv_heads=kv_heads, rotary_dims=r,
                          rotary_pairing=pairing, q_extra=tuple(map(rel, q_extra)),
                          k_extra=tuple(map(rel, k_extra)))
     blk = spec.bind(info.params)
     blk.module = name
-    blk.adapters = tuple(n for c in (qn, kn, vn) for n in adapter_params(_p(name, c), getattr(mod, c)))
-    blk.adapters += adapter_params(_p(root, out), out_mod) if out_mod is not None else ()
+    if out == "output.dense":        # the sibling output projection's adapters (inside ones: _block_for)
+        blk.adapters = adapter_params(_p(root, out), info.modules.get(_p(root, out)))
     return blk
 
 
@@ -475,6 +470,9 @@ def _block_for(name: str, mod: nn.Module, info: _Model) -> SymmetryBlock | None:
     for adapter in (_gpt2_block, _packed_block, _hf_block):
         blk = adapter(name, mod, info)
         if blk is not None:
+            # peft LoRA layers on the block's projections: their adapters are not in the block
+            blk.adapters = tuple(blk.adapters) + tuple(
+                n for sub, m in mod.named_modules() for n in adapter_params(_p(name, sub), m))
             return blk
     return None
 
