@@ -99,6 +99,15 @@ def test_overflowing_input_is_refused_on_every_batch_never_a_nan_value(data):
         relative_flatness(model, [(huge, y)], "head.weight")
 
 
+def test_overflow_inside_the_ball_is_named_never_an_inf_value():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3)).eval()        # float32: (out ** 16) overflows at large rho
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    with pytest.raises(SharpnessInputError, match=r"loss inside the ball on batch 0 is infinite: .*smaller rho"):
+        sharpness(model, [(x, y)], "m_apgd_l2", rho=1e3, n_iters=5, progress=False,
+                  loss_fn=lambda out, _: (out ** 16).mean())
+
+
 # ------------------------------------------------------------------ what gets perturbed
 def test_frozen_parameters_stay_fixed_and_are_reported(data):
     model = MHAClassifier()
