@@ -33,7 +33,7 @@ import numbers
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn

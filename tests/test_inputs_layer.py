@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-import hideseek as hs
 from hideseek import SharpnessInputError, relative_flatness, sharpness
 from hideseek.inputs import unwrap_model
 
