@@ -9,6 +9,7 @@ Riemannian Geometry Finds It* (da Silva, Dangel, Oore, ICML 2025).
 """
 from .geometry import AdaptiveGeometry, PairGeometry, ProductGeometry
 from .measures import Measure
+from . import optim
 from .relative_flatness import RelativeFlatnessResult, relative_flatness
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
 from .solvers import SolverResult, SolverStep
@@ -19,4 +20,4 @@ __version__ = "0.2.0"
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError",
            "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
-           "declare_attention", "find_symmetries", "relative_flatness", "sharpness"]
+           "declare_attention", "find_symmetries", "optim", "relative_flatness", "sharpness"]
