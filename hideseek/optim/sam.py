@@ -42,6 +42,21 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def _gradient_tangent(geometry, grads: dict[str, Tensor]) -> list[Tensor]:
+    """The gradient with respect to ξ at ξ = 0 (:meth:`ProductGeometry.pullback`).  Without
+    pairs that is the gradient itself; with pairs, the step's second-order term has zero
+    derivative at ξ = 0, so the pullback through the straight step (cheaper to
+    differentiate) is the same vector."""
+    if not geometry.blocks:
+        return [grads[n] for n in geometry.free_names]
+    part = geometry.pair_part
+    step, part.christoffel = part.christoffel, False
+    try:
+        return geometry.pullback(grads)
+    finally:
+        part.christoffel = step
+
+
 class SAM(torch.optim.Optimizer):
     """Sharpness-aware minimisation with the ascent step in ``measure``'s ball.
 
@@ -150,7 +165,7 @@ class SAM(torch.optim.Optimizer):
             raise RuntimeError("geodesic SAM: no symmetry pair has gradients in this step (frozen or unused "
                                "attention weights?)")
         geometry = self.measure.geometry_at(params, blocks)
-        egrad = geometry.pullback({n: p.grad.to(p.dtype) for n, p in named})
+        egrad = _gradient_tangent(geometry, {n: p.grad.to(p.dtype) for n, p in named})
         xi = geometry.direction(egrad)
         torch._foreach_mul_(xi, self.rho)
         perturbed = geometry.point(xi)
