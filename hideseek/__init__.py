@@ -9,7 +9,6 @@ Riemannian Geometry Finds It* (da Silva, Dangel, Oore, ICML 2025).
 """
 from .geometry import AdaptiveGeometry, PairGeometry, ProductGeometry
 from .measures import Measure
-from . import optim
 from .relative_flatness import RelativeFlatnessResult, relative_flatness
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
 from .solvers import SolverResult, SolverStep
@@ -17,6 +16,18 @@ from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair
                          UnsupportedAttentionError, declare_attention, find_symmetries)
 
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str):
+    """``hs.optim`` (SAM, ASAM, geodesic SAM) is imported on first use: measuring sharpness
+    does not load the training code."""
+    if name == "optim":
+        import importlib
+
+        return importlib.import_module(".optim", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError",
            "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",

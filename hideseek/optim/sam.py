@@ -134,7 +134,7 @@ class SAM(torch.optim.Optimizer):
                 raise ValueError("geodesic SAM found no GL(h) pair among the trained parameters (no attention "
                                  "hideseek recognises, or it is frozen); declare pairs=[...] or use "
                                  "Measure(geometry='adaptive') (ASAM)")
-        self._backup: list[tuple[Tensor, Tensor]] = []
+        self._backup: tuple = ()          # (perturbed parameters, their values at θ)
         #: the last first_step met a non-finite gradient and did not move (see first_step)
         self.ascent_skipped = False
 
@@ -169,19 +169,18 @@ class SAM(torch.optim.Optimizer):
         xi = geometry.direction(egrad)
         torch._foreach_mul_(xi, self.rho)
         perturbed = geometry.point(xi)
-        self._backup = [(p, p.detach().clone()) for n, p in named if n in perturbed]
-        for n, p in named:
-            if n in perturbed:
-                p.copy_(perturbed[n])
+        moved = [p for n, p in named if n in perturbed]
+        self._backup = (moved, torch._foreach_mul(moved, 1.0))          # exact copies, one fused call
+        torch._foreach_copy_(moved, [perturbed[n] for n, _ in named if n in perturbed])
         if zero_grad:
             self.zero_grad()
 
     @torch.no_grad()
     def restore(self) -> None:
         """Put the weights back to θ (the gradients, taken at θ̃, stay)."""
-        for p, old in self._backup:
-            p.copy_(old)
-        self._backup = []
+        if self._backup:
+            torch._foreach_copy_(*self._backup)
+        self._backup = ()
 
     def second_step(self, zero_grad: bool = False, scaler: "torch.amp.GradScaler | None" = None) -> None:
         """Back to θ, then the base optimizer's step with the gradient now in ``.grad``
