@@ -10,8 +10,6 @@ accounting broadcast them for free.  Nothing depends on θ but the point itself.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 from torch import Tensor
 
@@ -21,12 +19,8 @@ from .adaptive import AdaptiveGeometry, Tangent
 class EuclideanGeometry(AdaptiveGeometry):
     """The Euclidean ball ``‖ξ‖_p ≤ ρ`` on ``theta`` (named ``names``), straight step."""
 
-    def __init__(self, names: Sequence[str], theta: Sequence[Tensor], p: str = "l2") -> None:
-        if p not in ("l2", "linf"):
-            raise ValueError(f"p must be 'l2' or 'linf', got {p!r}")
-        self.p = p
-        self.names = list(names)
-        self.theta = [t.detach() for t in theta]
+    def _set_scale(self) -> None:
+        """Scale 1 everywhere (0-dimensional ones, broadcast), no coordinate held fixed."""
         self.scale = [torch.ones((), dtype=t.dtype, device=t.device) for t in self.theta]
         self._zero = [False] * len(self.theta)
         self._nz, self._z = list(range(len(self.theta))), []

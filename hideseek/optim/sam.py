@@ -62,10 +62,10 @@ class SAM(torch.optim.Optimizer):
 
     >>> sam = hs.optim.SAM(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
     ...                    hs.Measure(metric="mixed"), rho=0.02)              # doctest: +SKIP
-    >>> loss_fn(model(x), y).backward()
-    >>> sam.first_step(zero_grad=True)          # to θ̃ = γ_ξ(1)
-    >>> loss_fn(model(x), y).backward()
-    >>> sam.second_step(zero_grad=True)         # back to θ, base step with ∇L(θ̃)
+    >>> loss_fn(model(x), y).backward()                                        # doctest: +SKIP
+    >>> sam.first_step(zero_grad=True)          # to θ̃ = γ_ξ(1)                 # doctest: +SKIP
+    >>> loss_fn(model(x), y).backward()                                        # doctest: +SKIP
+    >>> sam.second_step(zero_grad=True)         # back to θ, base step with ∇L(θ̃) # doctest: +SKIP
 
     Parameters
     ----------
