@@ -54,3 +54,43 @@ def test_sam_trainer_steps_equal_sam_by_hand(tmp_path, measure):
         assert torch.allclose(p.detach(), q.detach(), rtol=0, atol=1e-10), n
         moved = max(moved, float((p - p0).detach().abs().max()))
     assert moved > 1e-3
+
+
+class _InOrder(SAMTrainer):
+    """Micro-batches in dataset order (the test's reference needs to know them)."""
+
+    def _get_train_sampler(self, *args, **kwargs):
+        return torch.utils.data.SequentialSampler(self.train_dataset)
+
+
+def test_sam_trainer_with_gradient_accumulation_ascends_per_micro_batch(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    ids, labels = torch.randint(0, 40, (8, 6), generator=g), torch.randint(0, 3, (8,), generator=g)
+    model, ref = _bert(), _bert()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1,
+        learning_rate=0.1, lr_scheduler_type="constant", max_grad_norm=0.0, report_to=[], save_strategy="no",
+        use_cpu=True, logging_strategy="no", seed=0, disable_tqdm=True)
+    # the loss over the whole accumulated batch, summed per micro-batch: mean over the 8 rows
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        return F.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
+
+    _InOrder(model=model, args=args, train_dataset=_Rows(ids, labels), compute_loss_func=loss_func,
+             optimizers=(torch.optim.SGD(model.parameters(), lr=0.1), None),
+             sam_measure="geodesic_invariant", sam_rho=0.05).train()
+    sam = hs.optim.SAM(ref, torch.optim.SGD(ref.parameters(), lr=0.1), "geodesic_invariant", rho=0.05)
+    ref.train()
+    total = [torch.zeros_like(p) for p in ref.parameters()]
+    for mb in (slice(0, 4), slice(4, 8)):
+        F.cross_entropy(ref(input_ids=ids[mb]).logits, labels[mb]).backward()
+        sam.first_step(zero_grad=True)
+        (F.cross_entropy(ref(input_ids=ids[mb]).logits, labels[mb]) / 2).backward()
+        sam.restore()
+        for t, p in zip(total, ref.parameters()):
+            t += p.grad
+        sam.zero_grad()
+    for t, p in zip(total, ref.parameters()):
+        p.grad = t
+    sam.base_optimizer.step()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.allclose(p.detach(), q.detach(), rtol=0, atol=1e-10), n

@@ -207,7 +207,16 @@ class SAM(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.base_optimizer.zero_grad(set_to_none=set_to_none)
+        """Clear the gradients of the trained parameters, directly: a wrapper's ``zero_grad``
+        may skip it (accelerate's does while accumulating), which would mix the two passes."""
+        for _, p in self._named:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
