@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from companion.experiments.sam import results_markdown
 from companion.pipeline import run_stage
 
 TINY = dict(
@@ -45,3 +46,5 @@ def test_sam_notebook_runs_and_publishes(tmp_path):
     assert set(metrics["seconds"]["step_vs_sam"]) == set(metrics["methods"])
     assert "AdamW alone reaches a test error of" in metrics["findings"]
     assert np.isfinite(runs.seconds_per_step).all()
+    table = results_markdown(metrics).splitlines()
+    assert len(table) == 2 + 5 and table[3].startswith("| SAM | ")

@@ -226,11 +226,11 @@ def run(params: Mapping[str, Any], *, progress: bool = True) -> SAMResults:
                       pretrain_test_error=start.record.get("test_error"), n_boot=n_boot,
                       sharpness=dict(spec)),
     )
-    metrics["findings"] = findings(summary)
+    metrics["findings"] = findings(summary, grid)
     return SAMResults(runs, chosen, summary, sharp, metrics, start)
 
 
-def findings(summary: pd.DataFrame) -> str:
+def findings(summary: pd.DataFrame, grid: Mapping[str, list[float]]) -> str:
     """The findings paragraph, written from the numbers."""
     s = summary.set_index("method")
     base = s.loc["adamw"]
@@ -246,7 +246,41 @@ def findings(summary: pd.DataFrame) -> str:
         lines.append(f"{r.label} at the chosen ρ = {r.rho:g}: test error {r.test_error:.3f} "
                      f"[{r.test_ci[0]:.3f}, {r.test_ci[1]:.3f}], {verdict}: AdamW − method = "
                      f"{r.diff_vs_adamw:+.3f} [{lo:+.3f}, {hi:+.3f}]; a step costs {r.step_vs_sam:.2f}× SAM's.")
+    sam_family = [m for m in s.index if m != "adamw"]
+    edge = [s.loc[m, "label"] for m in sam_family if len(grid[m]) > 1 and s.loc[m, "rho"] == min(grid[m])]
+    if edge:
+        lines.append(f"The validation split chose the smallest ρ of the grid for {', '.join(edge)}: the weakest "
+                     "perturbation tried did best there, so a still smaller ρ (closer to AdamW) was not ruled out.")
+    for col in [c for c in s.columns if c.startswith("sharpness_")]:
+        order = s[col].sort_values()
+        lines.append(f"Geodesic sharpness ({col.removeprefix('sharpness_geodesic_')} metric) of the resulting "
+                     f"models, lowest to highest: " + ", ".join(f"{s.loc[m, 'label']} {v:.3g}"
+                                                                for m, v in order.items()) + ".")
     best = s.drop(index="adamw").test_error.idxmin()
     lines.append(f"Lowest mean test error among the SAM family: {s.loc[best, 'label']}. "
                  "With this few seeds and a test set of this size, differences below the intervals' width are noise.")
     return "\n\n".join(lines)
+
+
+def results_markdown(metrics: Mapping[str, Any]) -> str:
+    """The results table (method, ρ, test error with interval, difference to AdamW, time per
+    step and its ratio to SAM's) from a published ``reports/metrics/sam.json``; the README's
+    table is this function's output."""
+    lines = ["| method | ρ (chosen on val) | test error [95% CI] | AdamW − method [95% CI] | ms / step | × SAM |",
+             "|---|---|---|---|---|---|"]
+    sec = metrics["seconds"]
+    for m in METHODS:
+        r = metrics["methods"][m]
+        rho = "–" if m == "adamw" else f"{r['rho']:g}"
+        lines.append(f"| {LABELS[m]} | {rho} | {r['test_error']:.3f} [{r['test_ci'][0]:.3f}, {r['test_ci'][1]:.3f}] | "
+                     f"{r['diff_vs_adamw']:+.3f} [{r['diff_ci'][0]:+.3f}, {r['diff_ci'][1]:+.3f}] | "
+                     f"{1e3 * sec['per_step'][m]:.1f} | {sec['step_vs_sam'][m]:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":   # python -m companion.experiments.sam [metrics.json]: the results table
+    import json
+    import sys
+
+    print(results_markdown(json.loads(Path(sys.argv[1] if len(sys.argv) > 1 else "reports/metrics/sam.json")
+                                      .read_text())))
