@@ -114,22 +114,34 @@ def bench_model(name: str, *, rounds: int, steps: int, rho: float = 0.01, batch_
                 rounds=rounds, steps=steps, rho=rho, seconds=med, raw=times)
 
 
+def ascent_ratio(r: dict, method: str) -> float:
+    """A step's cost relative to SAM's estimated from the ascent alone: the methods differ only
+    in ``first_step``, so ``1 + (ascent − SAM's ascent) / SAM's step`` (robust to a busy machine,
+    where whole-step medians of different methods wander by more than the difference)."""
+    s = r["seconds"]
+    return 1.0 + (s[method + ":ascent"] - s["sam:ascent"]) / s["sam"]
+
+
 def table(results: list[dict]) -> str:
-    lines = ["| model | batch | method | step (ms) | × AdamW | × SAM | × sam-plain | ascent (ms) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | method | step (ms) | × AdamW | × SAM | × sam-plain | ascent (ms) | × SAM from ascent |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["seconds"]
         for m in METHODS:
             asc = s.get(m + ":ascent")
             lines.append(f"| {r['model']} | {r['batch_size']} | {m} | {1e3 * s[m]:.1f} | {s[m] / s['adamw']:.2f} | "
                          f"{s[m] / s['sam']:.2f} | {s[m] / s['sam-plain']:.2f} | "
-                         f"{'–' if asc is None else f'{1e3 * asc:.2f}'} |")
+                         f"{'–' if asc is None else f'{1e3 * asc:.2f}'} | "
+                         f"{'–' if asc is None or m == 'sam-plain' else f'{ascent_ratio(r, m):.2f}'} |")
     return "\n".join(lines)
 
 
 def report_section(results: list[dict], info: dict) -> str:
-    worst = max(r["seconds"][m] / r["seconds"]["sam"] for r in results for m in METHODS if m.startswith("geodesic"))
-    target = "meets" if worst <= 1.10 else "misses"
+    geo = [m for m in METHODS if m.startswith("geodesic")]
+    est = {r["model"]: max(ascent_ratio(r, m) for m in geo) for r in results}
+    measured = {r["model"]: max(r["seconds"][m] / r["seconds"]["sam"] for m in geo) for r in results}
+    verdict = "; ".join(f"{name}: {est[name]:.2f}× from the ascent ({measured[name]:.2f}× whole-step medians), "
+                        f"{'within' if est[name] <= 1.10 else 'above'} the 1.10× target" for name in est)
     rounds, steps = results[0]["rounds"], results[0]["steps"]
     return "\n".join([
         MARK_START,
@@ -139,15 +151,17 @@ def report_section(results: list[dict], info: dict) -> str:
         "raw numbers `benchmarks/results/sam_cpu.json`). One process, 1 thread, the methods interleaved round by "
         f"round ({rounds} rounds of {steps} steps, median per step), ρ = {results[0]['rho']}, models in training "
         f"mode, random weights. Machine: {info.get('cpu', platform.processor())}, torch {torch.__version__}; "
-        "**shared and busy** while measured (other sessions' jobs ran beside it), so read the ratios, which "
-        "were taken side by side, rather than the absolute times.",
+        "**shared and busy** while measured (other sessions' jobs kept both cores saturated): whole-step "
+        "medians of different methods wander by more than their difference, so the last column estimates each "
+        "step from its ascent (`first_step`, the only part in which the methods differ) and SAM's step.",
         "",
         table(results),
         "",
-        f"Geodesic SAM's step is at most {worst:.2f}× SAM's here: it {target} the issue's target of 1.10×. "
-        "The ascent column is `first_step` alone: rebuilding the geometry at the current weights "
-        "(Gram matrices, Cholesky and eigen-decompositions of every head's h×h blocks in float64), the "
-        "Riemannian gradient, the projection and the second-order step.",
+        f"Geodesic SAM's step relative to SAM's (worst of the two metrics) — {verdict}. "
+        "The ascent rebuilds the geometry at the current weights (Gram matrices, Cholesky and eigen-decompositions "
+        "of every head's h×h blocks in float64), takes the Riemannian gradient, projects it and takes the "
+        "second-order step: a fixed cost of small operations per head, so the ratio is largest on the smallest "
+        "model, where a forward and backward pass is cheapest.",
         MARK_END,
     ])
 
@@ -171,13 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sam_cpu"))
     ap.add_argument("--write-report", action="store_true")
+    ap.add_argument("--from-json", help="re-write the tables and the report section from a saved run")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    results = []
-    for name in args.models:
-        results.append(bench_model(name, rounds=args.rounds, steps=args.steps))
-        print(table(results[-1:]), flush=True)
-    info = machine_info("cpu")
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        results, info = saved["results"], saved["machine"]
+    else:
+        results = []
+        for name in args.models:
+            results.append(bench_model(name, rounds=args.rounds, steps=args.steps))
+            print(table(results[-1:]), flush=True)
+        info = machine_info("cpu")
     Path(args.out + ".json").write_text(json.dumps(dict(machine=info, results=results), indent=1))
     Path(args.out + ".md").write_text(table(results) + "\n")
     if args.write_report:
