@@ -17,7 +17,19 @@ from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair
                          UnsupportedAttentionError, declare_attention, find_symmetries)
 
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str):
+    """``hs.optim`` (SAM, ASAM, geodesic SAM) is imported on first use: measuring sharpness
+    does not load the training code."""
+    if name == "optim":
+        import importlib
+
+        return importlib.import_module(".optim", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "RhoSuggestion", "SharpnessInputError",
            "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
-           "declare_attention", "find_symmetries", "relative_flatness", "sharpness", "suggest_rho"]
+           "declare_attention", "find_symmetries", "optim", "relative_flatness", "sharpness", "suggest_rho"]

@@ -9,11 +9,12 @@ and the ablations of the paper's Appendix G).
 =================  ===================================  =========================================
 field              values                               meaning
 =================  ===================================  =========================================
-``geometry``       ``"adaptive"`` | ``"geodesic"``      elementwise ball on every parameter, or
-                                                        the GL(h) quotient geometry on the pairs
+``geometry``       ``"adaptive"`` | ``"geodesic"``      elementwise ball on every parameter,
+                   | ``"euclidean"``                    the GL(h) quotient geometry on the pairs,
+                                                        or SAM's plain ball ``‖ξ‖_p`` (no scale)
 ``metric``         ``"invariant"`` | ``"mixed"``        pair metric (paper Eq. 9 / Eq. 10);
                                                         geodesic only (``None`` for adaptive)
-``p``              ``"l2"`` | ``"linf"``                ℓ∞ for the adaptive geometry only
+``p``              ``"l2"`` | ``"linf"``                ℓ∞ for the adaptive/euclidean geometries
 ``ball``           ``"riemannian"`` | ``"adaptive"``    the pair metric with horizontal ξ, or
                                                         adaptive sharpness's ``‖ξ ⊘ |θ|‖₂`` ball
 ``step``           ``"second_order"`` | ``"straight"``  ``θ + ξ + ½Γ(ξ, ξ)``, ``θ + ξ`` or the
@@ -23,7 +24,8 @@ field              values                               meaning
 =================  ===================================  =========================================
 
 Names are the ones the results have always carried (``m_apgd_l2``, ``avg_linf``,
-``geodesic_mixed``, ``geodesic_mixed_no_christoffel``, ``avg_geodesic_invariant`` …);
+``geodesic_mixed``, ``geodesic_mixed_no_christoffel``, ``avg_geodesic_invariant`` …), and
+``euclidean_l2`` / ``euclidean_linf`` / ``avg_euclidean_l2`` for the plain (SAM) ball;
 ε is not part of the name (reports carry it beside), it is part of the :attr:`Measure.label`.
 
 >>> Measure.parse("geodesic_mixed_no_christoffel")
@@ -36,9 +38,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-GEOMETRIES = ("adaptive", "geodesic")
+from torch import Tensor
+
+from .geometry.adaptive import AdaptiveGeometry
+from .geometry.euclidean import EuclideanGeometry
+from .geometry.space import ProductGeometry
+
+GEOMETRIES = ("adaptive", "geodesic", "euclidean")
+#: the geometries without pairs: one elementwise ball on every parameter, straight step
+_PLAIN = ("adaptive", "euclidean")
 METRICS = ("invariant", "mixed")
 PS = ("l2", "linf")
 BALLS = ("riemannian", "adaptive")
@@ -67,7 +77,7 @@ class Measure:
 
     ``metric``, ``ball`` and ``step`` left as ``None`` take the geometry's defaults:
     geodesic — ``"invariant"``, ``"riemannian"``, ``"second_order"``; adaptive — no metric,
-    ``"adaptive"``, ``"straight"``.  ``Measure()`` is the paper's geodesic sharpness with
+    ``"adaptive"``, ``"straight"``; euclidean — no metric, ``"euclidean"``, ``"straight"``.  ``Measure()`` is the paper's geodesic sharpness with
     the invariant metric.
     """
 
@@ -88,18 +98,19 @@ class Measure:
             raise ValueError(f"Measure: eps must be a finite number >= 0, got {self.eps!r}")
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         set_("eps", float(self.eps))
-        if self.geometry == "adaptive":
+        if self.geometry in _PLAIN:
+            g = self.geometry
             if self.metric is not None:
-                raise ValueError(f"Measure: the adaptive geometry has no metric (got metric={self.metric!r}); "
+                raise ValueError(f"Measure: the {g} geometry has no metric (got metric={self.metric!r}); "
                                  "drop metric= or use geometry='geodesic'")
-            if self.ball not in (None, "adaptive") or self.step not in (None, "straight"):
-                raise ValueError("Measure: the adaptive geometry has the adaptive ball and the straight step "
+            if self.ball not in (None, g) or self.step not in (None, "straight"):
+                raise ValueError(f"Measure: the {g} geometry has the {g} ball and the straight step "
                                  f"only (got ball={self.ball!r}, step={self.step!r}); use geometry='geodesic' "
                                  "for the Riemannian ball or a geodesic step")
             if self.eps != 0.0:
-                raise ValueError(f"Measure: eps relaxes the pair metric's Gram matrices, the adaptive geometry "
+                raise ValueError(f"Measure: eps relaxes the pair metric's Gram matrices, the {g} geometry "
                                  f"has none (got eps={self.eps!r}); drop eps= or use geometry='geodesic'")
-            set_("ball", "adaptive")
+            set_("ball", g)
             set_("step", "straight")
             return
         set_("metric", "invariant" if self.metric is None else self.metric)
@@ -121,6 +132,8 @@ class Measure:
         """Identifier used in results and file layouts (ε not included)."""
         if self.geometry == "adaptive":
             return ("m_apgd_" if self.kind == "worst" else "avg_") + self.p
+        if self.geometry == "euclidean":
+            return ("" if self.kind == "worst" else "avg_") + "euclidean_" + self.p
         name = f"geodesic_{self.metric}" + _ABLATIONS[self.ball, self.step][0]
         return name if self.kind == "worst" else "avg_" + name
 
@@ -128,8 +141,8 @@ class Measure:
     def label(self) -> str:
         """Human-readable label, distinct for distinct measures (ε included)."""
         eps = [] if self.eps == 0.0 else [f"ε={self.eps:g}"]
-        if self.geometry == "adaptive":
-            base = f"adaptive {'ℓ2' if self.p == 'l2' else 'ℓ∞'}" + (f" [{eps[0]}]" if eps else "")
+        if self.geometry in _PLAIN:
+            base = f"{self.geometry} {'ℓ2' if self.p == 'l2' else 'ℓ∞'}" + (f" [{eps[0]}]" if eps else "")
         else:
             tags = [t for t in (_ABLATIONS[self.ball, self.step][1],) if t] + eps
             base = f"geodesic_{self.metric}" + (f"[{', '.join(tags)}]" if tags else "")
@@ -138,13 +151,26 @@ class Measure:
     # ------------------------------------------------------- what the engine reads
     @property
     def norm(self) -> str:
-        """The ball as the geometry's ``norm=`` switch (``"riemannian"`` / ``"adaptive"``)."""
+        """The ball as the geometry's ``norm=`` switch (``"riemannian"`` / ``"adaptive"``;
+        ``"euclidean"`` for the euclidean geometry, which has no pairs)."""
         return self.ball
 
     @property
     def christoffel(self) -> bool | str:
         """The step as the geometry's ``christoffel=`` switch (``True``/``False``/``"exact"``)."""
         return _CHRISTOFFEL_OF_STEP[self.step]
+
+    def geometry_at(self, params: Mapping[str, Tensor], blocks: Sequence = ()) -> ProductGeometry:
+        """The perturbation space of this measure at the point ``params`` (``name -> tensor``,
+        the parameters to perturb): a :class:`~hideseek.geometry.space.ProductGeometry` with
+        the pairs of ``blocks`` (geodesic geometry only) and the measure's ball elsewhere —
+        adaptive ``‖ξ ⊘ |θ|‖_p`` or, for ``geometry="euclidean"``, plain ``‖ξ‖_p``."""
+        if self.geometry != "geodesic" and blocks:
+            raise ValueError(f"Measure: the {self.geometry} geometry has no pairs (got {len(blocks)} blocks)")
+        return ProductGeometry(params, blocks, metric=self.metric or "invariant", eps=self.eps,
+                               norm=self.ball if self.geometry == "geodesic" else "riemannian",
+                               christoffel=self.christoffel, p=self.p,
+                               free_part=EuclideanGeometry if self.geometry == "euclidean" else AdaptiveGeometry)
 
     # ------------------------------------------------------------ conversions
     def replace(self, **changes: Any) -> "Measure":
@@ -179,7 +205,8 @@ class Measure:
     @classmethod
     def parse(cls, name: "str | Measure") -> "Measure":
         """The measure called ``name`` (inverse of :attr:`name`, ε = 0), or one of the
-        aliases ``"adaptive"`` (adaptive ℓ2, worst case) and ``"geodesic"`` (``Measure()``)."""
+        aliases ``"adaptive"`` (adaptive ℓ2, worst case), ``"euclidean"`` (SAM's ℓ2 ball, worst
+        case) and ``"geodesic"`` (``Measure()``)."""
         if isinstance(name, Measure):
             return name
         if not isinstance(name, str):
@@ -210,7 +237,7 @@ class Measure:
         """Every valid measure with ε = 0."""
         out = []
         for kind in KINDS:
-            out += [cls(geometry="adaptive", p=p, kind=kind) for p in PS]
+            out += [cls(geometry=g, p=p, kind=kind) for g in _PLAIN for p in PS]
             out += [cls(metric=metric, ball=ball, step=step, kind=kind)
                     for metric in METRICS for ball, step in _ABLATIONS]
         return out
@@ -224,4 +251,5 @@ def _by_name() -> dict[str, Measure]:
         _TABLE.update({m.name: m for m in Measure.all()})
         _TABLE["adaptive"] = Measure(geometry="adaptive")
         _TABLE["geodesic"] = Measure()
+        _TABLE["euclidean"] = Measure(geometry="euclidean")
     return _TABLE

@@ -306,8 +306,7 @@ def _set_up(model: nn.Module, data: list, measure: Measure, *, loss_fn: Callable
     used = set(setup_grads)
     blocks = _symmetry_blocks(model, measure, all_params, used, pairs, on_unsupported, exclude)
     params = {n: all_params[n] for n in all_params if n in used}
-    geom = ProductGeometry(params, blocks, metric=measure.metric or "invariant", eps=measure.eps,
-                           norm=measure.norm, christoffel=measure.christoffel, p=measure.p)
+    geom = measure.geometry_at(params, blocks)
     return _SetUp(loss, geom, blocks, loss0, setup_grads, list(params))
 
 

@@ -32,8 +32,8 @@ GRID = [dict(zip(("geometry", "metric", "p", "ball", "step", "eps", "kind"), c))
 
 def _valid(d):
     """Validity written independently of the class: the rules of the docs."""
-    if d["geometry"] == "adaptive":
-        return d["metric"] is None and d["ball"] in (None, "adaptive") and d["step"] in (None, "straight") \
+    if d["geometry"] != "geodesic":   # adaptive / euclidean: their own ball, straight step, no metric, no eps
+        return d["metric"] is None and d["ball"] in (None, d["geometry"]) and d["step"] in (None, "straight") \
             and d["eps"] == 0.0
     if d["p"] != "l2":
         return False

@@ -36,6 +36,10 @@ class AdaptiveGeometry:
         self.p = p
         self.names = list(names)
         self.theta = [t.detach() for t in theta]
+        self._set_scale()
+
+    def _set_scale(self) -> None:
+        """The elementwise scales ``|θ|`` and where they vanish."""
         self.scale = [t.abs() for t in self.theta]
         # exact zeros (vanishing scale) are rare: remember where, handle them apart
         self._zero = [bool((c == 0).any()) for c in self.scale]

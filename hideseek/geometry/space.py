@@ -226,12 +226,16 @@ class ProductGeometry:
         ``"l2"`` or ``"linf"``; ``"linf"`` is only defined without pairs (adaptive ℓ∞).
     pair_part:
         A :class:`PairStack` subclass to use instead of ``PAIR_PARTS[norm]``.
+    free_part:
+        The geometry of the parameters outside pairs: :class:`AdaptiveGeometry` (default) or
+        :class:`~hideseek.geometry.euclidean.EuclideanGeometry` (SAM's plain ball).
     """
 
     def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock] = (), *,
                  metric: str = "invariant", eps: float = 0.0, norm: str = "riemannian",
                  christoffel: bool | str = True, p: str = "l2",
-                 pair_part: type[PairStack] | None = None) -> None:
+                 pair_part: type[PairStack] | None = None,
+                 free_part: type[AdaptiveGeometry] = AdaptiveGeometry) -> None:
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if p not in ("l2", "linf"):
@@ -249,7 +253,7 @@ class ProductGeometry:
         self.pair_part = (pair_part or PAIR_PARTS[norm])(params, self.blocks, metric=metric, eps=eps,
                                                          christoffel=christoffel)
         free_names = [n for n in params if n not in set(owned)]
-        self.adaptive = AdaptiveGeometry(free_names, [params[n] for n in free_names], p)
+        self.adaptive = free_part(free_names, [params[n] for n in free_names], p)
         self.parts = [self.pair_part, self.adaptive]
         ref = next(iter(params.values()))
         self.dtype, self.device = ref.dtype, ref.device
