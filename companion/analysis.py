@@ -90,11 +90,14 @@ def tau_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     step = max(1, 4_000_000 // max(n * n, 1))
     for s in range(0, k, step):
         sx, sy = _signs(x[s:s + step]), _signs(y[s:s + step])
-        num = np.einsum("kij,kij->k", sx, sy, dtype=np.int64)
-        den = np.sqrt(np.einsum("kij,kij->k", sx, sx, dtype=np.int64).astype(float)
-                      * np.einsum("kij,kij->k", sy, sy, dtype=np.int64))
+        # over the full matrix every pair counts twice; halved, these are scipy's integers
+        # (C - D, n0 - n1, n0 - n2), combined in scipy's order so that the values are bit-identical
+        num = np.einsum("kij,kij->k", sx, sy, dtype=np.int64) // 2
+        nx = np.einsum("kij,kij->k", sx, sx, dtype=np.int64) // 2
+        ny = np.einsum("kij,kij->k", sy, sy, dtype=np.int64) // 2
+        ok = (nx > 0) & (ny > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out[s:s + step] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+            out[s:s + step] = np.where(ok, num / np.sqrt(np.where(ok, nx, 1)) / np.sqrt(np.where(ok, ny, 1)), np.nan)
     return out
 
 
