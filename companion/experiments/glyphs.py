@@ -23,8 +23,8 @@ How it is made, vectorised over images (torch):
 
 Labels are ``index mod n_classes`` (exact class balance when ``n`` is a multiple of the
 class count, off by at most one otherwise). Images are produced in chunks of
-:data:`CHUNK` whose random numbers come from ``SeedSequence([seed, split, chunk])``, so a
-set of ``n`` images is the prefix of the same set with more images.
+:data:`CHUNK` whose random numbers come from ``SeedSequence([seed, split, chunk])`` (always whole chunks,
+cut at ``n``), so a set of ``n`` images is the prefix of the same set with more images.
 """
 from __future__ import annotations
 
@@ -216,6 +216,6 @@ def generate(spec: GlyphSpec, n: int, seed: int, split: str) -> tuple[torch.Tens
     parts = []
     for c, start in enumerate(range(0, n, CHUNK)):
         rng = np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split], c]))
-        parts.append(_chunk(spec, tmpl, start, min(CHUNK, n - start), rng))
+        parts.append(_chunk(spec, tmpl, start, CHUNK, rng)[: n - start])  # whole chunks: prefixes agree
     labels = torch.as_tensor(np.arange(n) % spec.n_classes, dtype=torch.int64)
     return torch.cat(parts).unsqueeze(1), labels
