@@ -42,13 +42,13 @@ def test_crossfit_by_hand():
 def test_crossfit_refuses_overlapping_halves_and_bad_criterion():
     frame, gap, names = _frame()
     with pytest.raises(ValueError, match="share models"):
-        crossfit_taus(frame, gap, {"select": names[:9], "eval": names[8:]})
+        crossfit_taus(frame, gap, {"select": names[:9], "eval": names[8:]}, n_boot=0, seed=0)
     with pytest.raises(ValueError, match="criterion"):
-        crossfit_taus(frame, gap, {"select": names[:8], "eval": names[8:]}, criterion="best")
+        crossfit_taus(frame, gap, {"select": names[:8], "eval": names[8:]}, n_boot=0, seed=0, criterion="best")
 
 
 def test_crossfit_is_nan_where_a_half_cannot_choose():
     frame, gap, names = _frame()
     gap.loc[names[8:]] = 1.0   # constant gap on half B: tau undefined at every radius there
-    cf = crossfit_taus(frame, gap, {"select": names[:8], "eval": names[8:]}, n_boot=10)
+    cf = crossfit_taus(frame, gap, {"select": names[:8], "eval": names[8:]}, n_boot=10, seed=0)
     assert cf["rho_b"].isna().all() and cf["tau"].isna().all() and cf["ci_low"].isna().all()

@@ -1,9 +1,7 @@
 """Rank correlation between a sharpness measure and generalisation.
 
-Kendall's tau-b (``scipy.stats.kendalltau``, ties handled) with a
-nonparametric bootstrap 95 % interval: models are resampled with replacement,
-tau-b is recomputed on each resample, and the interval is the 2.5 / 97.5 %
-percentiles. Everything is deterministic given ``seed``.
+Kendall's tau-b with its bootstrap interval is :func:`companion.analysis.kendall`
+(re-exported here as ``kendall_tau``).
 
 :func:`tau_split_half` guards against choosing the perturbation radius on the
 same models it is reported on: it splits the population in two halves at
@@ -12,77 +10,18 @@ tau (with its interval) on the other half.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy import stats
+
+from companion.analysis import TauCI, kendall
 
 
-@dataclass(frozen=True)
-class TauResult:
-    """Kendall tau-b with a bootstrap percentile interval."""
-
-    tau: float
-    ci_low: float
-    ci_high: float
-    pvalue: float
-    n: int
-    n_boot: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        return f"{self.tau:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] (n={self.n})"
-
-
-def _as_pair(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray(x, dtype=float).ravel()
-    y = np.asarray(y, dtype=float).ravel()
-    if x.shape != y.shape:
-        raise ValueError(f"x and y must have the same length, got {x.size} and {y.size}")
-    if x.size < 3:
-        raise ValueError(f"need at least 3 models for a rank correlation, got {x.size}")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-        raise ValueError("x and y must be finite (a NaN sharpness usually means a diverged solver)")
-    return x, y
-
-
-def kendall_tau(
-    x: Sequence[float],
-    y: Sequence[float],
-    *,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> TauResult:
-    """Kendall tau-b between ``x`` and ``y`` with a bootstrap interval.
-
-    Resamples in which one variable is constant (tau undefined) are dropped.
-    ``n_boot=0`` skips the bootstrap (the interval is then ``(nan, nan)``).
-    """
-    x, y = _as_pair(x, y)
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    if n_boot < 0:
-        raise ValueError("n_boot must be >= 0")
-    res = stats.kendalltau(x, y, variant="b")
-    tau, pvalue = float(res.statistic), float(res.pvalue)
-    if n_boot == 0:
-        return TauResult(tau, float("nan"), float("nan"), pvalue, x.size, 0)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, size=(n_boot, x.size))
-    taus = np.empty(n_boot)
-    for b in range(n_boot):
-        taus[b] = stats.kendalltau(x[idx[b]], y[idx[b]], variant="b").statistic
-    taus = taus[np.isfinite(taus)]
-    if taus.size == 0:
-        lo = hi = float("nan")
-    else:
-        alpha = (1.0 - confidence) / 2.0
-        lo, hi = (float(v) for v in np.quantile(taus, [alpha, 1.0 - alpha]))
-    return TauResult(tau, lo, hi, pvalue, x.size, int(taus.size))
+# One tau implementation: ``kendall_tau`` is :func:`companion.analysis.kendall` and its result
+# :class:`companion.analysis.TauCI` (``ci_low``/``ci_high`` name its ``lo``/``hi``).
+TauResult = TauCI
+kendall_tau = kendall
 
 
 @dataclass(frozen=True)
@@ -109,8 +48,8 @@ def tau_split_half(
     measures: Mapping[float, Sequence[float]],
     y: Sequence[float],
     *,
-    seed: int = 0,
-    n_boot: int = 2000,
+    seed: int,
+    n_boot: int,
     criterion: str = "abs",
 ) -> SplitHalfResult:
     """Choose the radius on a random half of the models, report tau on the rest.
@@ -137,7 +76,7 @@ def tau_split_half(
         x = np.asarray(measures[key], dtype=float).ravel()
         if x.size != n:
             raise ValueError(f"measure for {key!r} has {x.size} values, y has {n}")
-        t = kendall_tau(x[sel], y[sel], n_boot=0).tau
+        t = kendall(x[sel], y[sel], n_boot=0, seed=seed).tau
         if not np.isfinite(t):
             continue
         score = {"abs": abs(t), "max": t, "min": -t}[criterion]
@@ -146,5 +85,5 @@ def tau_split_half(
     if best_key is None:
         raise ValueError("tau is undefined for every candidate on the selection half")
     x = np.asarray(measures[best_key], dtype=float).ravel()
-    held = kendall_tau(x[ev], y[ev], n_boot=n_boot, seed=seed + 1)
+    held = kendall(x[ev], y[ev], n_boot=n_boot, seed=seed + 1)
     return SplitHalfResult(float(best_key), float(best_tau), held, sel, ev)

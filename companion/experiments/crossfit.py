@@ -17,13 +17,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-
-from companion.experiments.zoo import value_table
+from companion.analysis import kendall, tau_rows, value_table
 
 
 def _tau(x: np.ndarray, y: np.ndarray) -> float:
-    return float(stats.kendalltau(x, y).statistic)
+    return kendall(x, y, n_boot=0, seed=0).tau
 
 
 def _choose(table: pd.DataFrame, gaps: pd.Series, models: list[str], criterion: str) -> float | None:
@@ -39,7 +37,7 @@ def _choose(table: pd.DataFrame, gaps: pd.Series, models: list[str], criterion: 
 
 
 def crossfit_taus(frame: pd.DataFrame, gaps: pd.Series | Mapping[str, float], halves: Mapping[str, list[str]], *,
-                  n_boot: int = 2000, seed: int = 0, criterion: str = "abs") -> pd.DataFrame:
+                  n_boot: int, seed: int, criterion: str = "abs") -> pd.DataFrame:
     """Per measure of ``frame`` (columns ``model, measure, rho, value``): the radius chosen on each
     half, the τ of the other half at it, their mean and its bootstrap 95 % interval.
 
@@ -65,11 +63,10 @@ def crossfit_taus(frame: pd.DataFrame, gaps: pd.Series | Mapping[str, float], ha
         xa, ya = table.loc[a, rho_b].to_numpy(), gaps.loc[a].to_numpy()   # half A at the radius chosen on B
         xb, yb = table.loc[b, rho_a].to_numpy(), gaps.loc[b].to_numpy()
         tau_a, tau_b = _tau(xa, ya), _tau(xb, yb)
-        boots = []
-        for _ in range(n_boot):
-            ia, ib = rng.integers(0, len(a), len(a)), rng.integers(0, len(b), len(b))
-            boots.append(0.5 * (_tau(xa[ia], ya[ia]) + _tau(xb[ib], yb[ib])))
-        boots = np.asarray(boots)
+        draws = [(rng.integers(0, len(a), len(a)), rng.integers(0, len(b), len(b))) for _ in range(n_boot)]
+        ia = np.array([d[0] for d in draws], dtype=int).reshape(n_boot, len(a))
+        ib = np.array([d[1] for d in draws], dtype=int).reshape(n_boot, len(b))
+        boots = 0.5 * (tau_rows(xa[ia], ya[ia]) + tau_rows(xb[ib], yb[ib]))
         boots = boots[np.isfinite(boots)]
         lo, hi = (np.percentile(boots, [2.5, 97.5]) if boots.size else (np.nan, np.nan))
         rows.append(dict(measure=measure, rho_a=rho_a, rho_b=rho_b, tau_a=tau_a, tau_b=tau_b,

@@ -100,7 +100,7 @@ def zoo_taus(frame, gaps, *, n_boot: int = 1000, seed: int = 0):
     """Kendall tau of each measure against each gap over all members of one zoo."""
     import pandas as pd
 
-    from companion.experiments.correlation import kendall_tau
+    from companion.analysis import kendall as kendall_tau
 
     rows = []
     for measure, sub in frame.groupby("measure", sort=False):

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from companion.analysis import gap_vector, kendall, retest_table, tau_curve, value_table  # noqa: F401 (re-exported)
 from hideseek.measures import Measure
 
 ModelOrLoader = nn.Module | Callable[[], nn.Module]
@@ -249,56 +250,13 @@ def _measure_parallel(items, task: dict, workers: int, bar) -> list[dict]:
 # --------------------------------------------------------------------------- tau tables
 
 
-def _gap_vector(frame: pd.DataFrame, gaps) -> tuple[list[str], np.ndarray]:
-    models = list(dict.fromkeys(frame["model"]))
-    if isinstance(gaps, Mapping):
-        gaps = pd.Series(gaps)
-    if isinstance(gaps, pd.Series):
-        missing = [m for m in models if m not in gaps.index]
-        if missing:
-            raise ValueError(f"no gap for models {missing}")
-        g = gaps.loc[models].to_numpy(dtype=float)
-    else:
-        g = np.asarray(gaps, dtype=float).ravel()
-        if g.size != len(models):
-            raise ValueError(f"{g.size} gaps for {len(models)} models")
-    return models, g
+# value_table, the tau-vs-rho curve and the test-retest table live in companion.analysis (the one
+# tau implementation); the names below are kept for the stages that import them from here.
+tau_vs_rho = tau_curve
+retest_taus = retest_table
 
 
-def value_table(frame: pd.DataFrame, measure: str) -> pd.DataFrame:
-    """``models x rho`` table of one measure's values (models in the frame's order)."""
-    sub = frame[frame["measure"] == measure]
-    if sub.empty:
-        raise ValueError(f"measure {measure!r} not in frame (has {sorted(frame['measure'].unique())})")
-    models = list(dict.fromkeys(frame["model"]))
-    table = sub.pivot(index="model", columns="rho", values="value").reindex(models)
-    if table.isna().any().any():
-        raise ValueError(f"measure {measure!r} lacks values for some (model, rho)")
-    return table
-
-
-def tau_vs_rho(frame: pd.DataFrame, gaps, *, n_boot: int = 1000, seed: int = 0, models=None) -> pd.DataFrame:
-    """Kendall tau (with bootstrap 95 % interval) between gap and each measure at every rho.
-
-    ``gaps``: a mapping/Series ``model -> gap`` or an array in the frame's model order.
-    ``models``: optional subset of model names (e.g. one half of the zoo).
-    Columns: ``measure, rho, tau, ci_low, ci_high, pvalue, n``.
-    """
-    from companion.experiments.correlation import kendall_tau
-
-    names, g = _gap_vector(frame, gaps)
-    keep = list(range(len(names))) if models is None else [names.index(m) for m in models]
-    rows = []
-    for measure in dict.fromkeys(frame["measure"]):
-        table = value_table(frame, measure)
-        for rho in table.columns:
-            res = kendall_tau(table[rho].to_numpy()[keep], g[keep], n_boot=n_boot, seed=seed)
-            rows.append(dict(measure=measure, rho=float(rho), tau=res.tau, ci_low=res.ci_low,
-                             ci_high=res.ci_high, pvalue=res.pvalue, n=res.n))
-    return pd.DataFrame(rows)
-
-
-def split_half_taus(frame: pd.DataFrame, gaps, *, seed: int = 0, n_boot: int = 2000,
+def split_half_taus(frame: pd.DataFrame, gaps, *, seed: int, n_boot: int,
                     criterion: str = "abs", paper: Mapping[str, float] | None = None) -> tuple[pd.DataFrame, dict]:
     """Each measure's rho chosen on one half of the zoo, tau reported on the other half.
 
@@ -309,16 +267,16 @@ def split_half_taus(frame: pd.DataFrame, gaps, *, seed: int = 0, n_boot: int = 2
     tau_all, ci_low_all, ci_high_all, n_all`` and ``paper`` when given) and ``halves``
     maps ``"select"``/``"eval"`` to the model names of each half.
     """
-    from companion.experiments.correlation import kendall_tau, tau_split_half
+    from companion.experiments.correlation import tau_split_half
 
-    names, g = _gap_vector(frame, gaps)
+    names, g = gap_vector(frame, gaps)
     rows, halves = [], None
     for measure in dict.fromkeys(frame["measure"]):
         table = value_table(frame, measure)
         res = tau_split_half({float(r): table[r].to_numpy() for r in table.columns}, g,
                              seed=seed, n_boot=n_boot, criterion=criterion)
         halves = {"select": [names[i] for i in res.select_idx], "eval": [names[i] for i in res.eval_idx]}
-        full = kendall_tau(table[res.chosen].to_numpy(), g, n_boot=n_boot, seed=seed)
+        full = kendall(table[res.chosen].to_numpy(), g, n_boot=n_boot, seed=seed)
         row = dict(measure=measure, rho=res.chosen, tau_select=res.tau_select, tau=res.held_out.tau,
                    ci_low=res.held_out.ci_low, ci_high=res.held_out.ci_high, pvalue=res.held_out.pvalue,
                    n_eval=res.held_out.n, tau_all=full.tau, ci_low_all=full.ci_low, ci_high_all=full.ci_high,
@@ -344,32 +302,3 @@ def per_batch_halves(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     second = [float(np.mean(pb[h:])) for pb, h in zip(frame["per_batch"], k)]
     cols = ["model", "measure", "rho"]
     return frame[cols].assign(value=first), frame[cols].assign(value=second)
-
-
-def retest_taus(first: pd.DataFrame, second: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Test-retest reliability: Kendall tau, over the models, between a measure's values on two
-    disjoint sets of batches, for every (measure, rho) present in both frames (columns ``model,
-    measure, rho, value``). A measure that ranks the models differently on other data of the same
-    kind cannot rank their gaps reliably; tau near 1 means the ranking is a property of the models.
-    Columns: ``measure, rho, tau, ci_low, ci_high, pvalue, n``.
-    """
-    from companion.experiments.correlation import kendall_tau
-
-    a = first.set_index(["measure", "rho", "model"])["value"]
-    b = second.set_index(["measure", "rho", "model"])["value"]
-    rows = []
-    for (measure, rho), va in a.groupby(level=[0, 1], sort=False):
-        try:
-            vb = b.loc[(measure, rho)]
-        except KeyError:
-            continue
-        va = va.droplevel([0, 1])
-        common = [m for m in va.index if m in vb.index]
-        if len(common) < 3:
-            raise ValueError(f"{measure} at rho={rho}: {len(common)} models measured twice; need >= 3")
-        t = kendall_tau(va.loc[common].to_numpy(), vb.loc[common].to_numpy(), n_boot=n_boot, seed=seed)
-        rows.append(dict(measure=measure, rho=float(rho), tau=t.tau, ci_low=t.ci_low, ci_high=t.ci_high,
-                         pvalue=t.pvalue, n=t.n))
-    if not rows:
-        raise ValueError("no (measure, rho) is in both frames")
-    return pd.DataFrame(rows)

@@ -1,0 +1,343 @@
+"""The one analysis module: Kendall τ with bootstrap intervals, reliability, ceiling, power, curves.
+
+Every stage computes its rank correlations here, so a τ, its interval and the numbers that say
+how large a τ the data could show are computed one way.
+
+* :func:`kendall` — Kendall τ-b (ties handled, as ``scipy.stats.kendalltau``) with a percentile
+  bootstrap interval over members (models resampled with replacement; resamples on which τ is
+  undefined, one variable constant, are dropped).
+* :func:`retest` — test–retest reliability of a measure: τ between two measurements of the same
+  members on disjoint data.
+* :func:`gap_reliability` — reliability of a generalisation gap across members measured on one
+  shared evaluation set (signal variance / total variance), by split halves with the
+  Spearman–Brown step-up and by pairwise disagreement.
+* :func:`ceiling` / :func:`attenuated` — the largest |τ| (or the τ) one can observe between a
+  measure of test–retest τ ``retest_tau`` and a gap of reliability ``rel_y``, under a latent
+  bivariate normal model: Pearson ``r = sin(πτ/2)`` (Greiner's relation), a measurement's
+  reliability is the correlation of two parallel measurements, and the observed correlation is
+  the true one times ``√(r_xx · r_yy)`` (Spearman's attenuation).
+* :func:`power` — Monte Carlo power of the two-sided test of τ = 0 at ``n`` members.
+* :func:`tau_curve`, :func:`retest_table` — τ against the radius ρ for every measure of a long
+  frame (columns ``model, measure, rho, value``), and the test–retest table of two such frames.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class TauCI:
+    """Kendall τ-b over ``n`` members with its bootstrap interval ``[lo, hi]``.
+
+    ``pvalue``: scipy's two-sided p-value of τ = 0; ``n_boot``: resamples on which τ was defined
+    (0 when the bootstrap was skipped, ``lo``/``hi`` then NaN).
+    """
+
+    tau: float
+    lo: float
+    hi: float
+    n: int
+    pvalue: float = float("nan")
+    n_boot: int = 0
+
+    @property
+    def ci_low(self) -> float:
+        return self.lo
+
+    @property
+    def ci_high(self) -> float:
+        return self.hi
+
+    def as_dict(self) -> dict:
+        """The metrics-file record: ``tau, ci_low, ci_high, pvalue, n, n_boot``."""
+        d = asdict(self)
+        return {"tau": d["tau"], "ci_low": d["lo"], "ci_high": d["hi"], "pvalue": d["pvalue"],
+                "n": d["n"], "n_boot": d["n_boot"]}
+
+    def __str__(self) -> str:
+        return f"{self.tau:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}] (n={self.n})"
+
+
+def _as_pair(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(x, dtype=float).ravel()
+    y = np.asarray(y, dtype=float).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same length, got {x.size} and {y.size}")
+    if x.size < 3:
+        raise ValueError(f"need at least 3 members for a rank correlation, got {x.size}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("x and y must be finite (a NaN sharpness usually means a diverged solver)")
+    return x, y
+
+
+def _signs(v: np.ndarray) -> np.ndarray:
+    """``sign(v[..., i] - v[..., j])`` for every pair, as int8 (``[..., n, n]``)."""
+    a, b = v[..., :, None], v[..., None, :]
+    return (a > b).astype(np.int8) - (a < b).astype(np.int8)
+
+
+def tau_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Kendall τ-b of every row pair: ``x``, ``y`` of shape ``[k, n]`` → ``[k]`` (NaN where a row is
+    constant). τ-b = Σ sx·sy / √(Σ sx² · Σ sy²) over pairs, which is (C − D)/√((n0 − n1)(n0 − n2))."""
+    x, y = np.atleast_2d(x), np.atleast_2d(y)
+    k, n = x.shape
+    out = np.empty(k)
+    step = max(1, 4_000_000 // max(n * n, 1))
+    for s in range(0, k, step):
+        sx, sy = _signs(x[s:s + step]), _signs(y[s:s + step])
+        num = np.einsum("kij,kij->k", sx, sy, dtype=np.int64)
+        den = np.sqrt(np.einsum("kij,kij->k", sx, sx, dtype=np.int64).astype(float)
+                      * np.einsum("kij,kij->k", sy, sy, dtype=np.int64))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[s:s + step] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+    return out
+
+
+def _interval(boots: np.ndarray, confidence: float) -> tuple[float, float, int]:
+    boots = boots[np.isfinite(boots)]
+    if boots.size == 0:
+        return float("nan"), float("nan"), 0
+    a = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(boots, [a, 1.0 - a])
+    return float(lo), float(hi), int(boots.size)
+
+
+def kendall(x: Sequence[float], y: Sequence[float], *, n_boot: int, seed: int,
+            confidence: float = 0.95) -> TauCI:
+    """Kendall τ-b between ``x`` and ``y`` with a percentile bootstrap interval over members.
+
+    ``n_boot=0`` skips the bootstrap (interval NaN). Deterministic given ``seed``: the resample
+    indices are ``default_rng(seed).integers(0, n, (n_boot, n))``.
+    """
+    x, y = _as_pair(x, y)
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    res = stats.kendalltau(x, y, variant="b")
+    tau, pvalue = float(res.statistic), float(res.pvalue)
+    if n_boot == 0:
+        return TauCI(tau, float("nan"), float("nan"), x.size, pvalue, 0)
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
+    lo, hi, kept = _interval(tau_rows(x[idx], y[idx]), confidence)
+    return TauCI(tau, lo, hi, x.size, pvalue, kept)
+
+
+def retest(x1: Sequence[float], x2: Sequence[float], *, n_boot: int, seed: int) -> TauCI:
+    """Test–retest reliability: τ between two measurements of the same members on disjoint data
+    (entries aligned by member). Near 1: the ranking is a property of the members."""
+    return kendall(x1, x2, n_boot=n_boot, seed=seed)
+
+
+# --------------------------------------------------------------------------- reliability
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Reliability of a gap across members (signal variance / total variance).
+
+    ``split_half``: Spearman–Brown stepped-up Pearson correlation of the gaps measured on two random
+    halves of the evaluation set, averaged over ``n_splits`` splits; ``disagreement``: 1 − mean
+    pairwise noise / mean pairwise spread (see :func:`gap_reliability`); ``value``: the one Table 1
+    reports (``split_half``).
+    """
+
+    split_half: float
+    disagreement: float
+    value: float
+    n_members: int
+    n_examples: int
+    n_splits: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pairs_mean(mat: np.ndarray) -> float:
+    iu = np.triu_indices(mat.shape[0], k=1)
+    return float(mat[iu].mean())
+
+
+def gap_reliability(test_err, train_err=None, *, seed: int, n_splits: int = 100) -> Reliability:
+    """Reliability of the generalisation gap across members measured on one shared evaluation set.
+
+    ``test_err``: ``[members, examples]`` per-example errors (0/1, or losses) on the SHARED set;
+    ``train_err``: each member's train error (``[members]``, taken as exact) or None (the gap is
+    then the test error). The noise is the evaluation set's: with a finite set the measured error
+    of member i is its expected error plus sampling noise, and only differences between members
+    matter for a ranking.
+
+    * split halves: the examples are split at random into two halves, the gaps recomputed on each,
+      their Pearson correlation r over members stepped up to the full set (2r / (1 + r)); the mean
+      over ``n_splits`` splits (drawn from ``seed``).
+    * disagreement: Var(ê_i − ê_j) = (d_ij − (e_i − e_j)²)/(n − 1) (the unbiased variance of the
+      mean of the per-example differences; ``d_ij`` their mean square, the disagreement rate for 0/1
+      errors), and the reliability is 1 − mean_{i<j} Var(ê_i − ê_j) / mean_{i<j} (ĝ_i − ĝ_j)².
+    """
+    e = np.asarray(test_err, dtype=float)
+    if e.ndim != 2 or e.shape[0] < 3 or e.shape[1] < 4:
+        raise ValueError(f"test_err must be [members >= 3, examples >= 4], got shape {e.shape}")
+    if not np.all(np.isfinite(e)):
+        raise ValueError("test_err must be finite")
+    m, n = e.shape
+    t = np.zeros(m) if train_err is None else np.asarray(train_err, dtype=float).ravel()
+    if t.shape != (m,) or not np.all(np.isfinite(t)):
+        raise ValueError(f"train_err must be {m} finite values (one per member), got shape {t.shape}")
+    if n_splits < 1:
+        raise ValueError(f"n_splits must be >= 1, got {n_splits}")
+    rng = np.random.default_rng(seed)
+    rs = []
+    for _ in range(n_splits):
+        half = rng.permutation(n) < n // 2
+        ga, gb = e[:, half].mean(1) - t, e[:, ~half].mean(1) - t
+        if np.std(ga) > 0 and np.std(gb) > 0:
+            r = float(np.corrcoef(ga, gb)[0, 1])
+            rs.append(2 * r / (1 + r) if r > -1 else float("nan"))
+    split = float(np.nanmean(rs)) if rs else float("nan")
+    mean = e.mean(1)
+    sq = (e * e).mean(1)
+    d = sq[:, None] + sq[None, :] - 2.0 * (e @ e.T) / n
+    noise = (d - (mean[:, None] - mean[None, :]) ** 2) / (n - 1)
+    g = mean - t
+    spread = _pairs_mean((g[:, None] - g[None, :]) ** 2)
+    disagreement = 1.0 - _pairs_mean(noise) / spread if spread > 0 else float("nan")
+    return Reliability(split, float(disagreement), split, m, n, n_splits)
+
+
+# --------------------------------------------------------------------------- ceiling and power
+
+
+def _check_unit(name: str, v: float) -> float:
+    v = float(v)
+    if not np.isfinite(v) or not -1.0 <= v <= 1.0:
+        raise ValueError(f"{name} must be a finite number in [-1, 1], got {v}")
+    return v
+
+
+def _pearson_reliability(retest_tau: float, rel_y: float) -> tuple[float, float]:
+    """Reliabilities as variance ratios in [0, 1]: the measure's from its retest τ (r = sin(πτ/2)),
+    the gap's as given. Estimates below 0 (sampling error around no signal) count as 0."""
+    r_xx = np.sin(np.pi * _check_unit("retest_tau", retest_tau) / 2.0)
+    r_yy = float(rel_y)
+    if not np.isfinite(r_yy) or r_yy > 1.0:
+        raise ValueError(f"rel_y must be a finite reliability <= 1, got {rel_y}")
+    return max(float(r_xx), 0.0), max(r_yy, 0.0)
+
+
+def attenuated(tau: float, retest_tau: float, rel_y: float) -> float:
+    """The τ one expects to observe when the error-free τ is ``tau``:
+    (2/π)·arcsin(sin(πτ/2)·√(r_xx·r_yy)), r_xx = sin(π·retest_tau/2), r_yy = ``rel_y``."""
+    r_xx, r_yy = _pearson_reliability(retest_tau, rel_y)
+    r = np.sin(np.pi * _check_unit("tau", tau) / 2.0) * np.sqrt(r_xx * r_yy)
+    return float(2.0 / np.pi * np.arcsin(r))
+
+
+def ceiling(retest_tau: float, rel_y: float) -> float:
+    """The largest |τ| observable between a measure with test–retest τ ``retest_tau`` and a gap of
+    reliability ``rel_y``: (2/π)·arcsin √(sin(π·retest_tau/2) · rel_y) (0 when either is ≤ 0)."""
+    return attenuated(1.0, retest_tau, rel_y)
+
+
+def _null_z(tau: np.ndarray, n: int) -> np.ndarray:
+    """Kendall's normal approximation under τ = 0 (no ties): z = 3τ√(n(n−1)) / √(2(2n+5))."""
+    return 3.0 * tau * np.sqrt(n * (n - 1.0)) / np.sqrt(2.0 * (2.0 * n + 5.0))
+
+
+def power(n: int, tau: float, retest_tau: float, rel_y: float, *, alpha: float, n_sim: int, seed: int) -> float:
+    """Monte Carlo power of the two-sided level-``alpha`` test of τ = 0 over ``n`` members.
+
+    Each simulation draws a latent bivariate normal with Kendall τ = ``tau`` (Pearson sin(πτ/2)),
+    adds independent noise to each variable so that its reliability is sin(π·retest_tau/2) (the
+    measure) and ``rel_y`` (the gap), and computes the observed τ-b; the test rejects when
+    |z| > z_{1−α/2} with Kendall's normal approximation (:func:`_null_z`). Returns the fraction of
+    rejections (at ``tau = 0`` that is the test's size, close to ``alpha``).
+    """
+    if n < 4:
+        raise ValueError(f"n must be >= 4 members, got {n}")
+    if not 0.0 < alpha < 1.0 or n_sim < 1:
+        raise ValueError(f"alpha must lie in (0, 1) and n_sim >= 1, got {alpha}, {n_sim}")
+    r_xx, r_yy = _pearson_reliability(retest_tau, rel_y)
+    r = np.sin(np.pi * _check_unit("tau", tau) / 2.0)
+    rng = np.random.default_rng(seed)
+    z1, z2, ex, ey = rng.standard_normal((4, n_sim, n))
+    x = np.sqrt(r_xx) * z1 + np.sqrt(1.0 - r_xx) * ex
+    y = np.sqrt(r_yy) * (r * z1 + np.sqrt(1.0 - r * r) * z2) + np.sqrt(1.0 - r_yy) * ey
+    z = _null_z(tau_rows(x, y), n)
+    return float(np.mean(np.abs(z) > stats.norm.ppf(1.0 - alpha / 2.0)))
+
+
+# --------------------------------------------------------------------------- long frames and curves
+
+
+def value_table(frame: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """``model x rho`` table of one measure's values (rows in the frame's model order)."""
+    sub = frame[frame["measure"] == measure]
+    if sub.empty:
+        raise ValueError(f"measure {measure!r} not in frame (has {sorted(frame['measure'].unique())})")
+    models = list(dict.fromkeys(frame["model"]))
+    table = sub.pivot(index="model", columns="rho", values="value").reindex(models)
+    if table.isna().any().any():
+        raise ValueError(f"measure {measure!r} lacks values for some (model, rho)")
+    return table
+
+
+def gap_vector(frame: pd.DataFrame, gaps) -> tuple[list[str], np.ndarray]:
+    """The frame's model names in order and their gaps (``gaps``: a mapping/Series ``model -> gap``
+    or an array already in that order)."""
+    names = list(dict.fromkeys(frame["model"]))
+    if isinstance(gaps, (Mapping, pd.Series)):
+        missing = [m for m in names if m not in gaps]
+        if missing:
+            raise ValueError(f"no gap for models {missing[:5]}")
+        return names, np.array([float(gaps[m]) for m in names])
+    g = np.asarray(gaps, dtype=float).ravel()
+    if g.size != len(names):
+        raise ValueError(f"{g.size} gaps for {len(names)} models")
+    return names, g
+
+
+def tau_curve(frame: pd.DataFrame, gaps, *, n_boot: int, seed: int, models=None) -> pd.DataFrame:
+    """Kendall τ (with bootstrap interval) between the gap and each measure at every ρ.
+
+    ``models``: optional subset of model names (e.g. one half of the zoo). Columns:
+    ``measure, rho, tau, ci_low, ci_high, pvalue, n``.
+    """
+    names, g = gap_vector(frame, gaps)
+    keep = list(range(len(names))) if models is None else [names.index(m) for m in models]
+    rows = []
+    for measure in dict.fromkeys(frame["measure"]):
+        table = value_table(frame, measure)
+        for rho in table.columns:
+            res = kendall(table[rho].to_numpy()[keep], g[keep], n_boot=n_boot, seed=seed)
+            rows.append(dict(measure=measure, rho=float(rho), tau=res.tau, ci_low=res.lo,
+                             ci_high=res.hi, pvalue=res.pvalue, n=res.n))
+    return pd.DataFrame(rows)
+
+
+def retest_table(first: pd.DataFrame, second: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Test–retest τ over the models for every (measure, ρ) present in both long frames (values
+    of the same models on two disjoint data sets, aligned by model name). Columns:
+    ``measure, rho, tau, ci_low, ci_high, pvalue, n``."""
+    a = first.set_index(["measure", "rho", "model"])["value"]
+    b = second.set_index(["measure", "rho", "model"])["value"]
+    rows = []
+    for (measure, rho), va in a.groupby(level=[0, 1], sort=False):
+        try:
+            vb = b.loc[(measure, rho)]
+        except KeyError:
+            continue
+        va = va.droplevel([0, 1])
+        common = [m for m in va.index if m in vb.index]
+        if len(common) < 3:
+            raise ValueError(f"{measure} at rho={rho}: {len(common)} models measured twice; need >= 3")
+        t = retest(va.loc[common].to_numpy(), vb.loc[common].to_numpy(), n_boot=n_boot, seed=seed)
+        rows.append(dict(measure=measure, rho=float(rho), tau=t.tau, ci_low=t.lo, ci_high=t.hi,
+                         pvalue=t.pvalue, n=t.n))
+    if not rows:
+        raise ValueError("no (measure, rho) is in both frames")
+    return pd.DataFrame(rows)
