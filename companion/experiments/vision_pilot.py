@@ -16,12 +16,14 @@ is a member of the main zoo. On them the pilot measures, with rules fixed in ``p
   the two sets' values. Chosen (``rho_rule: best_retest``): the radius with the largest
   retest τ, ties (equal to 1e-9) to the smaller radius. No generalisation number enters.
 * **Power** of the primary comparison at the paper's τ for ``power.n_models`` members with
-  the chosen size's reliability and the chosen radius's retest (Monte Carlo, see
-  :func:`power`).
+  the chosen size's reliability and the chosen radius's retest (Monte Carlo,
+  :func:`companion.analysis.power`), with the ceiling on |τ| they imply.
 
 ``python -m companion.experiments.vision_pilot`` writes ``reports/pilots/vision.json``,
 ``reports/pilots/vision_sharpness.csv`` and ``reports/pilots/vision.md`` (generated from the
-JSON). The chosen values are then written into ``params.yaml`` by hand, in their own commit.
+JSON); ``--summarise-only`` recomputes the report from the saved members and sharpness. The
+chosen values are then written into ``params.yaml`` by hand, in their own commit. The
+statistics are :mod:`companion.analysis`'s.
 """
 from __future__ import annotations
 
@@ -34,15 +36,15 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from scipy import stats
 
+from companion import analysis
 from hideseek import Measure
 
 STAGE = "vision_pilot"
 OUT = Path("reports/pilots")
 
-#: Kendall τ of the paper's Figure 4 / Table 1 row "ImageNet" (72 CLIP ViT-B/32 fine-tunes).
-PAPER_TAU = {"m_apgd_l2": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}
+#: Table 1 column of each measure's name.
+COLUMN = {"m_apgd_l2": "adaptive", "geodesic_invariant": "geodesic_invariant", "geodesic_mixed": "geodesic_mixed"}
 
 
 @dataclass(frozen=True)
@@ -74,37 +76,6 @@ class VisionPilot:
     power: PowerSettings
 
 
-def split_half(test_err: np.ndarray, train_err: np.ndarray, *, seed: int, n_splits: int) -> float:
-    """Split-half (Spearman–Brown) reliability of ``mean(test_err, 1) - train_err`` across members."""
-    rng = np.random.default_rng(seed)
-    n = test_err.shape[1]
-    rs = []
-    for _ in range(n_splits):
-        half = rng.permutation(n) < n // 2
-        r = np.corrcoef(test_err[:, half].mean(1) - train_err, test_err[:, ~half].mean(1) - train_err)[0, 1]
-        rs.append(2 * r / (1 + r))
-    return float(np.mean(rs))
-
-
-def power(n: int, tau: float, retest_tau: float, rel_y: float, *, alpha: float, n_sim: int, seed: int) -> float:
-    """Monte Carlo power of the two-sided level-``alpha`` Kendall test over ``n`` members.
-
-    Latent bivariate normal with Pearson ``sin(pi tau / 2)``; noise added to each variable so
-    that its reliability is ``sin(pi retest_tau / 2)`` (the measure) and ``rel_y`` (the gap);
-    rejection when scipy's ``kendalltau`` p-value is below ``alpha``.
-    """
-    r = np.sin(np.pi * tau / 2)
-    r_xx, r_yy = max(np.sin(np.pi * retest_tau / 2), 0.0), max(rel_y, 0.0)
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for _ in range(n_sim):
-        z1, z2, ex, ey = rng.standard_normal((4, n))
-        x = np.sqrt(r_xx) * z1 + np.sqrt(1 - r_xx) * ex
-        y = np.sqrt(r_yy) * (r * z1 + np.sqrt(1 - r * r) * z2) + np.sqrt(1 - r_yy) * ey
-        hits += stats.kendalltau(x, y).pvalue < alpha
-    return hits / n_sim
-
-
 def choose_rho(retest: dict[float, float]) -> float:
     """The radius with the largest retest τ; ties (within 1e-9) go to the smaller radius."""
     best = max(retest.values())
@@ -112,11 +83,15 @@ def choose_rho(retest: dict[float, float]) -> float:
 
 
 def reliability_curve(errors: np.ndarray, train_err: np.ndarray, p: VisionPilot) -> list[dict]:
-    """Gap reliability for each test-set size of ``p.test_sizes`` (prefixes of the test set)."""
+    """Gap reliability (:func:`companion.analysis.gap_reliability`) for each size of ``p.test_sizes``
+    (prefixes of the test set)."""
     if max(p.test_sizes) > errors.shape[1]:
         raise ValueError(f"test_sizes go up to {max(p.test_sizes)} but the pilot has {errors.shape[1]} test images")
-    return [dict(n_test=n, split_half=split_half(errors[:, :n], train_err, seed=p.seed, n_splits=p.n_splits))
-            for n in p.test_sizes]
+    out = []
+    for n in p.test_sizes:
+        r = analysis.gap_reliability(errors[:, :n], train_err, seed=p.seed, n_splits=p.n_splits)
+        out.append(dict(n_test=n, split_half=r.split_half, disagreement=r.disagreement))
+    return out
 
 
 def retest_table(frame, n_batches: int) -> list[dict]:
@@ -125,90 +100,101 @@ def retest_table(frame, n_batches: int) -> list[dict]:
     for (m, rho), g in frame.groupby(["measure", "rho"], sort=False):
         pb = np.array(list(g["per_batch"]))
         a, b = pb[:, :n_batches].mean(1), pb[:, n_batches:].mean(1)
-        t = stats.kendalltau(a, b)
-        rows.append(dict(measure=m, rho=float(rho), retest=float(t.statistic), pvalue=float(t.pvalue),
+        t = analysis.retest(a, b, n_boot=0, seed=0)
+        rows.append(dict(measure=m, rho=float(rho), retest=t.tau, pvalue=t.pvalue,
                          value_median=float(np.median(a)), value_min=float(a.min()), value_max=float(a.max()),
                          base_loss_median=float(np.median([np.mean(x[:n_batches]) for x in g["base_loss"]]))))
     return rows
 
 
-def run_pilot(p: VisionPilot, profile: str | None = None, *, progress: bool = True) -> dict:
-    """Train the pilot members, measure, choose; returns the report's content (see the module docstring)."""
-    import pandas as pd
-
+def measure_pilot(p: VisionPilot, profile: str | None, *, progress: bool):
+    """Train the pilot members and measure them on both sets: ``(meta, frame, seconds)``."""
     from companion.experiments import vision_zoo as vz
 
     s = vz.load_settings(profile)
     t0 = time.perf_counter()
     meta = vz.train_zoo(p.zoo_dir, s, stream="pilot", n_models=p.n_models, n_test=p.n_test, progress=progress)
     t_train = time.perf_counter() - t0
-    errors = vz.test_errors(p.zoo_dir, meta)
+    data = vz.zoo_data(meta)
+    batches = (vz.sharpness_batches(data, p.n_images, p.batch_size, 0)
+               + vz.sharpness_batches(data, p.n_images, p.batch_size, p.n_images))
+    t1 = time.perf_counter()
+    frame = vz.measure(vz.load_zoo(p.zoo_dir)[1], batches, {m.name: m for m in p.measures}, p.rho_grid,
+                       seed=p.seed, n_iters=p.n_iters, workers=p.workers, progress=progress)
+    seconds = dict(training=t_train, sharpness=time.perf_counter() - t1, per_call_mean=float(frame["seconds"].mean()),
+                   n_calls=len(frame))
+    return meta, frame, seconds
+
+
+def summarise(p: VisionPilot, meta: dict, errors: np.ndarray, frame, seconds: dict) -> dict:
+    """The pilot report's content from the trained members, their test errors and the sharpness frame."""
+    import pandas as pd
+
+    from companion.experiments import vision_zoo as vz
+    from companion.experiments.vision_report import PAPER_TAU
+
     members = vz.members_frame(meta)
     curve = reliability_curve(errors, members["train_error"].to_numpy(), p)
     ok = [c["n_test"] for c in curve if c["split_half"] >= p.target_reliability]
     n_test = min(ok) if ok else max(p.test_sizes)
-    data = vz.zoo_data(meta)
-    batches = (vz.sharpness_batches(data, p.n_images, p.batch_size, 0)
-               + vz.sharpness_batches(data, p.n_images, p.batch_size, p.n_images))
-    models = vz.load_zoo(p.zoo_dir)[1]
-    t1 = time.perf_counter()
-    frame = vz.measure(models, batches, p.measures, p.rho_grid, seed=p.seed, n_iters=p.n_iters, workers=p.workers,
-                       progress=progress)
-    t_sharp = time.perf_counter() - t1
+    rel = next(c["split_half"] for c in curve if c["n_test"] == n_test)
     rows = retest_table(frame, p.n_images // p.batch_size)
     table = pd.DataFrame(rows)
-    rel = next(c["split_half"] for c in curve if c["n_test"] == n_test)
     chosen = {}
     for m in p.measures:
         sub = table[table["measure"] == m.name]
         rho = choose_rho(dict(zip(sub["rho"], sub["retest"])))
         rt = float(sub.set_index("rho").loc[rho, "retest"])
-        chosen[m.name] = dict(rho=rho, retest=rt, label=m.label, paper_tau=PAPER_TAU[m.name],
-                              power=power(p.power.n_models, PAPER_TAU[m.name], rt, rel, alpha=p.power.alpha,
-                                          n_sim=p.power.n_sim, seed=p.power.seed))
+        tau = PAPER_TAU[COLUMN[m.name]]
+        chosen[m.name] = dict(column=COLUMN[m.name], rho=rho, retest=rt, label=m.label, paper_tau=tau,
+                              tau_ceiling=analysis.ceiling(rt, rel),
+                              expected_at_paper_tau=analysis.attenuated(tau, rt, rel),
+                              power=analysis.power(p.power.n_models, tau, rt, rel, alpha=p.power.alpha,
+                                                   n_sim=p.power.n_sim, seed=p.power.seed))
     return dict(
         what="vision pilot: test-set size and rho per measure chosen without the gap (rules in params.yaml vision_pilot)",
         rules=dict(test_size=f"smallest of {p.test_sizes} with split-half gap reliability >= {p.target_reliability}",
                    rho=f"{p.rho_rule}: the radius of the grid with the largest test-retest Kendall tau between two "
                        f"disjoint sets of {p.n_images} training images; ties to the smaller radius"),
         settings=dict(n_models=p.n_models, n_test=p.n_test, n_images=p.n_images, batch_size=p.batch_size,
-                      n_iters=p.n_iters, seed=p.seed, rho_grid=p.rho_grid, power=vars(p.power),
-                      n_splits=p.n_splits),
+                      n_iters=p.n_iters, seed=p.seed, rho_grid=p.rho_grid, power=vars(p.power), n_splits=p.n_splits),
         members=members.reset_index().to_dict("records"),
         reliability=curve, chosen_n_test=n_test, reliability_at_chosen=rel,
-        retest=rows, chosen=chosen,
-        seconds=dict(training=t_train, sharpness=t_sharp, per_call_mean=float(frame["seconds"].mean()),
-                     n_calls=len(frame)),
-    ), frame
+        retest=rows, chosen=chosen, seconds=seconds)
 
 
 def render_markdown(r: dict) -> str:
     """The pilot report as markdown, every number from ``r``."""
+    st = r["settings"]
+    tr = [m["train_error"] for m in r["members"]]
+    gaps = [m["gap"] for m in r["members"]]
     lines = ["# Vision pilot (pre-registration)", "", r["what"] + ".", "",
-             f"Pilot members: {r['settings']['n_models']} (stream `pilot`, not in the main zoo); "
-             f"sharpness on two disjoint sets of {r['settings']['n_images']} training images in batches of "
-             f"{r['settings']['batch_size']}, {r['settings']['n_iters']} Auto-PGD iterations.", "",
+             f"Pilot members: {st['n_models']} (stream `pilot`: the main zoo's recipe and pre-trained start, other "
+             f"draws; none is in the main zoo), train error {min(tr):.3f}–{max(tr):.3f}, gap (test − train) "
+             f"{min(gaps):+.3f}–{max(gaps):+.3f}. Sharpness on two disjoint sets of {st['n_images']} training images "
+             f"in batches of {st['batch_size']}, {st['n_iters']} Auto-PGD iterations.", "",
              "Rules (fixed in `params.yaml` before the pilot ran):", "",
              f"- test-set size: {r['rules']['test_size']}", f"- ρ: {r['rules']['rho']}", "",
-             "## Gap reliability against test-set size", "", "| test images | split-half reliability |", "|---|---|"]
-    lines += [f"| {c['n_test']} | {c['split_half']:.3f} |" for c in r["reliability"]]
-    lines += ["", f"Chosen test-set size: **{r['chosen_n_test']}** (reliability {r['reliability_at_chosen']:.3f}).",
-              "", "## Test–retest per measure and radius", "",
+             "## Gap reliability against test-set size", "",
+             "| test images | split halves (Spearman–Brown) | pairwise disagreement |", "|---|---|---|"]
+    lines += [f"| {c['n_test']} | {c['split_half']:.3f} | {c['disagreement']:.3f} |" for c in r["reliability"]]
+    lines += ["", f"Chosen test-set size: **{r['chosen_n_test']}** (split-half reliability "
+              f"{r['reliability_at_chosen']:.3f}).", "", "## Test–retest per measure and radius", "",
               "| measure | ρ | retest τ | median sharpness (set 1) | median base loss |", "|---|---|---|---|---|"]
     lines += [f"| {x['measure']} | {x['rho']:g} | {x['retest']:.3f} | {x['value_median']:.4g} | "
               f"{x['base_loss_median']:.4g} |" for x in r["retest"]]
+    pw = st["power"]
     lines += ["", "## Chosen radius, ceiling and power", "",
-              f"Power: two-sided Kendall test at α = {r['settings']['power']['alpha']} over "
-              f"{r['settings']['power']['n_models']} members, at the paper's τ, with the measured reliabilities "
-              f"({r['settings']['power']['n_sim']} simulations).", "",
-              "| measure | ρ | retest τ | paper τ | ceiling on abs(τ) | power |", "|---|---|---|---|---|---|"]
-    for m, c in r["chosen"].items():
-        ceil = 2 / np.pi * np.arcsin(np.sqrt(max(np.sin(np.pi * c["retest"] / 2), 0) * max(r["reliability_at_chosen"], 0)))
-        lines.append(f"| {c['label']} | {c['rho']:g} | {c['retest']:.3f} | {c['paper_tau']:+.2f} | {ceil:.3f} | "
-                     f"{c['power']:.3f} |")
+              f"Power: two-sided test of τ = 0 at α = {pw['alpha']} over {pw['n_models']} members, at the paper's τ, "
+              f"with the measured reliabilities ({pw['n_sim']} simulations, `companion.analysis.power`).", "",
+              "| measure | ρ | retest τ | paper τ | ceiling on abs(τ) | expected τ at the paper's | power |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['label']} | {c['rho']:g} | {c['retest']:.3f} | {c['paper_tau']:+.2f} | {c['tau_ceiling']:.3f} | "
+              f"{c['expected_at_paper_tau']:+.3f} | {c['power']:.3f} |" for c in r["chosen"].values()]
     sec = r["seconds"]
     lines += ["", f"Timings (shared, busy 2-core machine): training {sec['training']:.0f} s, sharpness "
-              f"{sec['sharpness']:.0f} s ({sec['n_calls']} calls, {sec['per_call_mean']:.2f} s each on average).", ""]
+              f"{sec['sharpness']:.0f} s ({sec['n_calls']} calls of {2 * st['n_images'] // st['batch_size']} batches, "
+              f"{sec['per_call_mean']:.2f} s each on average).", ""]
     return "\n".join(lines)
 
 
@@ -217,8 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--summarise-only", action="store_true",
+                    help="recompute the report from the saved pilot zoo and OUT/vision_sharpness.csv (no training)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    import pandas as pd
+
+    from companion.experiments import vision_zoo as vz
     from companion.params import ParamsError, settings
     from hideseek.utils import set_threads
 
@@ -227,12 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as exc:
         ap.error(str(exc))
     set_threads(1)
-    report, frame = run_pilot(p, args.profile, progress=not args.no_progress)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.summarise_only:
+        meta = vz.load_zoo(p.zoo_dir)[0]
+        frame = pd.read_csv(out / "vision_sharpness.csv")
+        frame["per_batch"] = frame["per_batch"].map(json.loads)
+        frame["base_loss"] = frame["base_loss"].map(json.loads)
+        seconds = json.loads((out / "vision.json").read_text())["seconds"]
+    else:
+        meta, frame, seconds = measure_pilot(p, args.profile, progress=not args.no_progress)
+        out.mkdir(parents=True, exist_ok=True)
+        frame.assign(per_batch=frame["per_batch"].map(json.dumps), base_loss=frame["base_loss"].map(json.dumps)) \
+            .to_csv(out / "vision_sharpness.csv", index=False)
+    report = summarise(p, meta, vz.test_errors(p.zoo_dir, meta), frame, seconds)
     (out / "vision.json").write_text(json.dumps(report, indent=1))
-    frame.assign(per_batch=frame["per_batch"].map(json.dumps), base_loss=frame["base_loss"].map(json.dumps)).to_csv(
-        out / "vision_sharpness.csv", index=False)
     (out / "vision.md").write_text(render_markdown(report))
     print(render_markdown(report))
     return 0

@@ -502,20 +502,18 @@ def load_zoo(path: str | Path, device: str = "cpu") -> tuple[dict, list[tuple[st
 
         return meta, clip_soups_loaders(meta, device)
     s = zoo_settings(meta)
-    return meta, [(m["name"], functools.partial(load_member, s, str(path / m["file"]), device))
-                  for m in meta["members"]]
+    return meta, [(m["name"], functools.partial(load_member, s.model, s.data.spec.image_size, s.data.spec.n_classes,
+                                                str(path / m["file"]), device)) for m in meta["members"]]
 
 
 def zoo_settings(meta: dict) -> VisionTrain:
     """The settings a trained zoo recorded."""
-    from companion.params import _from_mapping
-
-    return _from_mapping(VisionTrain, meta["settings"], "zoo.json settings")
+    return settings_from_mapping(VisionTrain, STAGE, "cpu", meta["settings"])
 
 
-def load_member(s: VisionTrain, file: str | Path, device: str = "cpu") -> GlyphViT:
+def load_member(config: ViTConfig, image_size: int, n_classes: int, file: str | Path, device: str = "cpu") -> GlyphViT:
     """One member's eval-mode model (module level, so that its partial pickles for measure_zoo's workers)."""
-    model = build_model(s)
+    model = GlyphViT(config, image_size, n_classes)
     model.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
     return model.to(device).eval()
 
@@ -529,7 +527,8 @@ def members_frame(meta: dict):
     """One row per member: name, errors, gap and the hyperparameters as columns."""
     import pandas as pd
 
-    rows = [dict({k: v for k, v in m.items() if k != "hparams"}, **m["hparams"]) for m in meta["members"]]
+    rows = [dict({k: v for k, v in m.items() if k != "hparams"}, **(m["hparams"] if "hparams" in m else {}))
+            for m in meta["members"]]  # the paper's checkpoints do not record their hyperparameters
     return pd.DataFrame(rows).set_index("name")
 
 
@@ -539,16 +538,23 @@ def test_errors(path: str | Path, meta: dict) -> np.ndarray:
 
 
 def measure(models, batches, measures, rho_grid, *, seed: int, n_iters: int, workers: int, progress: bool):
-    """Sharpness of every model for every :class:`hideseek.Measure` at every radius of its grid.
+    """Sharpness of every model for every measure at every radius of its grid.
 
-    ``measures``: a list of measures; ``rho_grid``: ``{measure.name: radii}``. The frame of
-    :func:`companion.experiments.zoo.measure_zoo` (``measure`` holds ``Measure.name``).
+    ``measures``: ``{key: hideseek.Measure}``; ``rho_grid``: ``{key: radii}``. The frame of
+    :func:`companion.experiments.zoo.measure_zoo` (its ``measure`` column holds the keys).
     """
     from companion.experiments.zoo import measure_zoo
 
-    return measure_zoo(models, batches, {m.name: {"measure": m} for m in measures},
-                       {m.name: list(rho_grid[m.name]) for m in measures}, seed=seed, n_iters=n_iters,
+    return measure_zoo(models, batches, {k: {"measure": m} for k, m in measures.items()},
+                       {k: list(rho_grid[k]) for k in measures}, seed=seed, n_iters=n_iters,
                        progress=progress, workers=workers)
+
+
+def settings_from_mapping(cls: type, stage: str, profile: str, params: dict):
+    """Typed settings ``cls`` from an already-resolved parameter mapping (a notebook's ``params``)."""
+    from companion.params import settings
+
+    return settings(cls, stage, profile, params={stage: {profile: params}})
 
 
 # --------------------------------------------------------------------------- CLI
