@@ -15,11 +15,17 @@ and :func:`headline` read it):
          "rho": r | {measure: r, ...},          # optional
          "n_models": n,
          "spread": {measure: {"mean", "std", "min", "max",   # optional: tau of the same
-                              "n_zoos", "n_models", "taus"}}} # measure at the same rho over
+                              "n_zoos", "n_models", "taus"}}, # measure at the same rho over
                                                  # independently seeded zoos (:func:`tau_spread`)
+         "primary": true | false,               # optional: the row's one primary comparison
+         "exploratory": true | false,           # optional: everything else (labelled as such)
+         "gap_reliability": g,                  # optional (:func:`reliability_fields`): the gap's
+         "retest": {measure: t},                #   reliability across members, each measure's
+         "tau_ceiling": {measure: c},           #   test-retest tau, the ceiling on |tau| they imply
+         "power": {measure: p}}                 #   and the power at the paper's tau (companion.analysis)
 
 ``reports/headline/<stage>.json`` (small; DVC ``metrics:``)
-    derived from the full file by :func:`headline`: the first Table 1 entry's
+    derived from the full file by :func:`headline`: the primary (else the first) Table 1 entry's
     ``tau`` per measure and ``n`` (the scalars ``dvc metrics show`` prints, a
     few columns for every stage), and, as lists DVC does not print, every
     entry's interval, radius, variant and model count (``table1``).
@@ -109,6 +115,39 @@ def tau_spread(taus, *, measures: Iterable[str] | None = None) -> dict[str, dict
     return out
 
 
+def reliability_fields(*, gap_reliability: float, retest: Mapping[str, float], n_models: int,
+                       paper_tau: Mapping[str, float], alpha: float, n_sim: int, seed: int) -> dict[str, Any]:
+    """The reliability keys of a Table 1 entry: ``gap_reliability``, ``retest`` (each measure's
+    test-retest τ), ``tau_ceiling`` (:func:`companion.analysis.ceiling`) and ``power`` (of the
+    two-sided level-``alpha`` test at ``n_models`` members if the error-free τ were the paper's,
+    :func:`companion.analysis.power`). Merge into an entry: ``{**entry, **reliability_fields(...)}``."""
+    from companion.analysis import ceiling, power
+
+    missing = [m for m in retest if m not in paper_tau]
+    if missing:
+        raise ValueError(f"no paper tau for {missing}; pass companion.paper.table1_tau(row)")
+    return {"gap_reliability": float(gap_reliability),
+            "retest": {m: float(t) for m, t in retest.items()},
+            "tau_ceiling": {m: ceiling(t, gap_reliability) for m, t in retest.items()},
+            "power": {m: power(n_models, paper_tau[m], t, gap_reliability, alpha=alpha, n_sim=n_sim, seed=seed)
+                      for m, t in retest.items()}}
+
+
+def write_plot_data(data_dir: str | os.PathLike, curves, scatter) -> list[Path]:
+    """The files ``dvc.yaml``'s ``plots:`` read (``dvc plots show``), one column per measure:
+    ``plot_tau_vs_rho.csv`` (``rho`` and each measure's τ, from the long ``curves`` table with
+    columns ``measure, rho, tau``) and ``plot_scatter.csv`` (``scatter`` as given: one row per
+    model, the generalisation column and each measure's value at its primary ρ)."""
+    out = Path(data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wide = curves.pivot_table(index="rho", columns="measure", values="tau", sort=True).reset_index()
+    wide.columns.name = None
+    paths = [out / "plot_tau_vs_rho.csv", out / "plot_scatter.csv"]
+    wide.to_csv(paths[0], index=False)
+    scatter.to_csv(paths[1], index=False)
+    return paths
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, Mapping):
         return {k: _jsonable(v) for k, v in x.items()}
@@ -155,15 +194,16 @@ def headline(data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The DVC headline of a full metrics mapping, ``None`` for a stage without Table 1 entries.
 
     Printed by ``dvc metrics show`` (scalars): ``n`` and ``tau.<measure>`` of
-    the first entry (the held-out half where a stage reports one). Kept in the
+    the primary entry (else the first). Kept in the
     file but not printed (DVC skips lists): ``table1``, every entry's
     ``variant``, ``n_models``, ``rho``, ``tau``, ``ci`` and ``spread``.
     """
     entries = table1_entries(data)
     if not entries:
         return None
-    first = entries[0]
-    keep = ("variant", "n_models", "rho", "tau", "ci", "spread")
+    first = next((e for e in entries if e.get("primary")), entries[0])
+    keep = ("variant", "n_models", "rho", "tau", "ci", "spread", "primary", "gap_reliability", "retest",
+            "tau_ceiling")
     return {"n": first.get("n_models"), "tau": dict(first["tau"]),
             "table1": [{k: e[k] for k in keep if k in e} for e in entries]}
 

@@ -250,6 +250,18 @@ def _from_mapping(cls: type, data: Mapping, where: str):
     return cls(**{f.name: _coerce(data[f.name], hints[f.name], f"{where}.{f.name}") for f in fields})
 
 
+def from_mapping(cls: type, data: Mapping, where: str = "params"):
+    """Typed settings ``cls`` from an already resolved mapping (what a notebook's ``params`` holds),
+    with the checks of :func:`settings`; ``where`` names the source in error messages."""
+    import dataclasses
+
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"from_mapping() needs a dataclass type, got {cls!r}")
+    if not isinstance(data, Mapping):
+        raise ParamsError(f"{where} must be a mapping of {cls.__name__} fields, got {type(data).__name__}")
+    return _from_mapping(cls, data, where)
+
+
 def settings(cls: type, stage: str, profile: str | None = None,
              overrides: Mapping[str, Any] | Iterable[str] = (), *,
              path: str | os.PathLike | None = None, params: Mapping | None = None):

@@ -131,6 +131,74 @@ def _kernel_env(root: Path) -> None:
     os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+def _stage_params(stage: str, profile: str | None, overrides, params, root: Path) -> tuple[str, dict]:
+    if params is None:
+        try:
+            profile, stage_params = _params.stage_params(stage, profile, path=root / "params.yaml")
+        except _params.ParamsError as exc:
+            raise PipelineError(str(exc)) from None
+    else:
+        profile = profile or "cpu"
+        if profile not in PROFILES:
+            raise PipelineError(f"unknown profile {profile!r}; expected one of {PROFILES}")
+        stage_params = dict(params)
+    return profile, apply_overrides(stage_params, overrides or {})
+
+
+def _finish_metrics(stage: str, profile: str, stage_params: dict, metrics_src: Path, staging: Path, nb_out: Path):
+    """Complete the staged metrics file (stage, profile, params) and derive its headline."""
+    if not metrics_src.is_file():
+        raise PipelineError(
+            f"stage {stage!r} ran but wrote no {metrics_src.relative_to(staging)}; "
+            f"nothing published; executed notebook: {nb_out}"
+        )
+    with open(metrics_src) as fh:
+        metrics = json.load(fh)
+    if not isinstance(metrics, dict):
+        raise PipelineError(f"stage {stage!r}: metrics JSON must be an object")
+    metrics.setdefault("stage", stage)
+    metrics.setdefault("profile", profile)
+    metrics.setdefault("params", stage_params)
+    with open(metrics_src, "w") as fh:
+        json.dump(metrics, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    try:
+        return _metrics.headline(metrics)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PipelineError(f"stage {stage!r}: malformed table1 entry in its metrics ({exc!r}); "
+                            f"nothing published; executed notebook: {nb_out}") from exc
+
+
+def _publish(stage: str, reports: Path, staging: Path, out_dir: Path, nb_out: Path, head) -> tuple:
+    """Old marker out, folders and notebook in, the metrics file (the marker) in last."""
+    metrics_src = out_dir / "metrics" / f"{stage}.json"
+    metrics_dst = reports / "metrics" / f"{stage}.json"
+    metrics_dst.parent.mkdir(parents=True, exist_ok=True)
+    if metrics_dst.exists():
+        metrics_dst.unlink()
+    trash = staging / "old"
+    trash.mkdir()
+    published = {}
+    for kind in ("figures", "data"):
+        src, dst = out_dir / kind, reports / kind / stage
+        published[kind] = []
+        if src.is_dir():
+            published[kind] = _publish_dir(src, dst, trash / kind)
+        elif dst.exists():
+            os.replace(dst, trash / kind)
+    nb_dst = reports / "notebooks" / f"{stage}.ipynb"
+    nb_dst.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(nb_out, nb_dst)
+    # the DVC headline (reports/headline/<stage>.json), derived from the full metrics
+    head_dst = reports / "headline" / f"{stage}.json"
+    if head is not None:
+        _metrics.write_json(head_dst, head)
+    elif head_dst.exists():
+        os.replace(head_dst, trash / "headline.json")
+    os.replace(metrics_src, metrics_dst)
+    return nb_dst, metrics_dst, published["figures"], published["data"]
+
+
 def run_stage(
     stage: str,
     *,
@@ -156,18 +224,7 @@ def run_stage(
     nb_in = Path(notebook) if notebook is not None else root / "notebooks" / f"{stage}.ipynb"
     if not nb_in.is_file():
         raise PipelineError(f"stage {stage!r}: notebook {nb_in} does not exist")
-
-    if params is None:
-        try:
-            profile, stage_params = _params.stage_params(stage, profile, path=root / "params.yaml")
-        except _params.ParamsError as exc:
-            raise PipelineError(str(exc)) from None
-    else:
-        profile = profile or "cpu"
-        if profile not in PROFILES:
-            raise PipelineError(f"unknown profile {profile!r}; expected one of {PROFILES}")
-        stage_params = dict(params)
-    stage_params = apply_overrides(stage_params, overrides or {})
+    profile, stage_params = _stage_params(stage, profile, overrides, params, root)
 
     staging_root = reports / ".staging"
     staging_root.mkdir(parents=True, exist_ok=True)
@@ -194,57 +251,8 @@ def run_stage(
         ) from exc
     seconds = time.perf_counter() - t0
 
-    metrics_src = out_dir / "metrics" / f"{stage}.json"
-    if not metrics_src.is_file():
-        raise PipelineError(
-            f"stage {stage!r} ran but wrote no {metrics_src.relative_to(staging)}; "
-            f"nothing published; executed notebook: {nb_out}"
-        )
-    with open(metrics_src) as fh:
-        metrics = json.load(fh)
-    if not isinstance(metrics, dict):
-        raise PipelineError(f"stage {stage!r}: metrics JSON must be an object")
-    metrics.setdefault("stage", stage)
-    metrics.setdefault("profile", profile)
-    metrics.setdefault("params", stage_params)
-    with open(metrics_src, "w") as fh:
-        json.dump(metrics, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    try:
-        head = _metrics.headline(metrics)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise PipelineError(f"stage {stage!r}: malformed table1 entry in its metrics ({exc!r}); "
-                            f"nothing published; executed notebook: {nb_out}") from exc
-
-    # ---- publish: old marker out, folders and notebook in, marker in last
-    metrics_dst = reports / "metrics" / f"{stage}.json"
-    metrics_dst.parent.mkdir(parents=True, exist_ok=True)
-    if metrics_dst.exists():
-        metrics_dst.unlink()
-    trash = staging / "old"
-    trash.mkdir()
-    figures: list[Path] = []
-    data: list[Path] = []
-    fig_src = out_dir / "figures"
-    if fig_src.is_dir():
-        figures = _publish_dir(fig_src, reports / "figures" / stage, trash / "figures")
-    elif (reports / "figures" / stage).exists():
-        os.replace(reports / "figures" / stage, trash / "figures")
-    data_src = out_dir / "data"
-    if data_src.is_dir():
-        data = _publish_dir(data_src, reports / "data" / stage, trash / "data")
-    elif (reports / "data" / stage).exists():
-        os.replace(reports / "data" / stage, trash / "data")
-    nb_dst = reports / "notebooks" / f"{stage}.ipynb"
-    nb_dst.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(nb_out, nb_dst)
-    # the DVC headline (reports/headline/<stage>.json), derived from the full metrics
-    head_dst = reports / "headline" / f"{stage}.json"
-    if head is not None:
-        _metrics.write_json(head_dst, head)
-    elif head_dst.exists():
-        os.replace(head_dst, trash / "headline.json")
-    os.replace(metrics_src, metrics_dst)
+    head = _finish_metrics(stage, profile, stage_params, out_dir / "metrics" / f"{stage}.json", staging, nb_out)
+    nb_dst, metrics_dst, figures, data = _publish(stage, reports, staging, out_dir, nb_out, head)
     shutil.rmtree(staging, ignore_errors=True)
     try:
         staging_root.rmdir()  # only if empty

@@ -10,6 +10,7 @@ Riemannian Geometry Finds It* (da Silva, Dangel, Oore, ICML 2025).
 from .geometry import AdaptiveGeometry, PairGeometry, ProductGeometry
 from .measures import Measure
 from .relative_flatness import RelativeFlatnessResult, relative_flatness
+from .rho import RhoSuggestion, suggest_rho
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
 from .solvers import SolverResult, SolverStep
 from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair, PairGroup, SymmetryBlock,
@@ -17,6 +18,6 @@ from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair
 
 __version__ = "0.2.0"
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
-           "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError",
+           "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "RhoSuggestion", "SharpnessInputError",
            "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
-           "declare_attention", "find_symmetries", "relative_flatness", "sharpness"]
+           "declare_attention", "find_symmetries", "relative_flatness", "sharpness", "suggest_rho"]

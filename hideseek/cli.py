@@ -1,9 +1,11 @@
-"""Command line: ``hideseek sharpness …`` and ``hideseek symmetries …``.
+"""Command line: hideseek sharpness ... and hideseek symmetries ...
 
-Models: a saved HuggingFace directory (``--hf DIR``, loaded offline) or a model-soups style
-open_clip checkpoint (``--open-clip FILE``: CLIP image tower + linear head).  Data: see
-:data:`DATA_FORMAT`.  Every bad file or argument is reported as one line on stderr with exit
-status 2.
+Models: a saved Hugging Face directory (--hf DIR, loaded offline: a sequence or image
+classifier, or a causal LM whose labels are the token ids) or a model-soups style open_clip
+checkpoint (--open-clip FILE: CLIP image tower + linear head), upcast to --dtype on load.
+Data: see the data file format in hideseek sharpness --help.  Every error (bad files,
+arguments, and errors the model raises on the data) is reported as one line on stderr with
+exit status 2; HIDESEEK_TRACEBACK=1 shows the traceback of an unexpected one instead.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .measures import Measure
+from .rho import suggest_rho
 from .sharpness import SharpnessInputError, sharpness
 from .symmetries.discover import UnsupportedAttentionError, find_symmetries
 
@@ -78,16 +81,21 @@ def load_model(args) -> torch.nn.Module:
             cls = transformers.AutoModelForImageClassification
         elif "SequenceClassification" in archs:
             cls = transformers.AutoModelForSequenceClassification
+        elif "CausalLM" in archs:
+            cls = transformers.AutoModelForCausalLM
+        elif getattr(args, "cmd", None) == "symmetries":
+            cls = transformers.AutoModel
         else:
-            raise CLIError(f"--hf {path}: architectures {archs or '(none)'} is not a classifier; "
-                           "use the Python API with your own loss_fn")
+            raise CLIError(f"--hf {path}: architectures {archs or '(none)'} is neither a classifier nor a "
+                           "causal LM; use the Python API with your own loss_fn")
         hf_log = transformers.utils.logging
         bar, verbosity = hf_log.is_progress_bar_enabled(), hf_log.get_verbosity()
         if getattr(args, "quiet", False):
             hf_log.disable_progress_bar()
             hf_log.set_verbosity_error()
         try:
-            model = cls.from_pretrained(path, local_files_only=True)
+            kw = {} if args.dtype == "auto" else {"dtype": _DTYPES[args.dtype]}
+            model = cls.from_pretrained(path, local_files_only=True, **kw)
         finally:
             hf_log.set_verbosity(verbosity)
             hf_log.enable_progress_bar() if bar else hf_log.disable_progress_bar()
@@ -99,7 +107,47 @@ def load_model(args) -> torch.nn.Module:
             model = load_clip_finetune(args.open_clip, expect=None, num_classes=None)
         except ValueError as err:   # CheckpointError: wrong or unreadable file
             raise CLIError(f"--open-clip {args.open_clip}: not a model-soups CLIP fine-tune: {err}") from None
+        if args.dtype != "auto":
+            model = model.to(_DTYPES[args.dtype])
     return model.to(device).eval()
+
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _check_out(out: str | None) -> None:
+    """--out must be writable: checked before any computation."""
+    if not out:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise CLIError(f"--out {out}: is a directory; give a file name such as {path / 'result.json'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CLIError(f"--out {out}: cannot create its folder ({err.strerror or err})") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise CLIError(f"--out {out}: not writable")
+
+
+def _check_data_fits(model, batches) -> None:
+    """Labels within a classifier's classes and integer token ids, before computing."""
+    cfg = getattr(model, "config", None)
+    n_labels = getattr(cfg, "num_labels", None)
+    is_lm = "CausalLM" in " ".join(getattr(cfg, "architectures", None) or [])
+    vocab = getattr(cfg, "vocab_size", None)
+    for i, (x, y) in enumerate(batches):
+        ids = x.get("input_ids") if isinstance(x, dict) else None
+        if ids is not None and ids.is_floating_point():
+            raise CLIError(f"--data: input_ids are {str(ids.dtype).removeprefix('torch.')}; token ids must be "
+                           "integers (save them as torch.long / int64)")
+        if isinstance(y, torch.Tensor) and not y.is_floating_point() and y.numel():
+            hi, lo = int(y.max()), int(y[y != -100].min()) if bool((y != -100).any()) else 0
+            limit = vocab if is_lm else n_labels
+            if limit and (hi >= limit or lo < 0):
+                what = "token ids (vocabulary size" if is_lm else "class indices (the model has num_labels="
+                raise CLIError(f"--data: labels of batch {i} range over {lo} … {hi} but must be {what}"
+                               f"{limit}: 0 … {limit - 1}, or -100 to ignore)")
 
 
 def _rows(name: str, v) -> int:
@@ -164,79 +212,156 @@ def load_batches(path: str, batch_size: int, max_batches: int | None):
     return out
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every optional flag's default shown (a flag whose default is
+    None says in its help what not giving it means)."""
+
+    def _get_help_string(self, action):
+        help_ = action.help or ""
+        if action.option_strings and not action.required and action.default not in (None, argparse.SUPPRESS) \
+                and "%(default)" not in help_:
+            help_ += " (default: %(default)s)"
+        return help_
+
+
 def _add_model_args(sp):
-    sp.add_argument("--hf", metavar="DIR", help="saved HuggingFace classifier directory")
-    sp.add_argument("--open-clip", metavar="FILE", help="model-soups style CLIP fine-tune state dict")
-    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--hf", metavar="DIR", default=None,
+                    help="saved Hugging Face model directory (classifier or causal LM)")
+    sp.add_argument("--open-clip", metavar="FILE", default=None, help="model-soups style CLIP fine-tune state dict")
+    sp.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    sp.add_argument("--dtype", default="float32", choices=["float32", "float64", "auto"],
+                    help="upcast the weights to this dtype on load (auto: keep the saved dtype; "
+                    "half-precision weights cannot be perturbed)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="hideseek", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _rho(text: str):
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: a positive number or 'auto'") from None
+
+
+def _parser() -> _Parser:
+    ap = _Parser(prog="hideseek", description=__doc__, formatter_class=_Formatter)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{sharpness,symmetries}")
     sp = sub.add_parser("sharpness", help="geodesic or adaptive sharpness of a model on a data file",
-                        epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description="Geodesic or adaptive sharpness of a saved model on a data file.",
+                        epilog=DATA_FORMAT + RHO_HELP, formatter_class=_Formatter)
     _add_model_args(sp)
     sp.add_argument("--data", required=True, help=".pt (torch.save) or .npz file with inputs and labels "
                     "(format below)")
-    sp.add_argument("--batch-size", type=int, default=128)
-    sp.add_argument("--max-batches", type=int, default=None)
+    sp.add_argument("--batch-size", type=int, default=128, help="examples per batch")
+    sp.add_argument("--max-batches", type=int, default=None, help="use at most this many batches (default: all)")
     sp.add_argument("--measure", default="geodesic",
                     help="a measure name or alias: " + ", ".join(["geodesic", "adaptive"] + [
-                        m.name for m in Measure.all()]) + " (default geodesic = geodesic_invariant); "
+                        m.name for m in Measure.all()]) + " (geodesic = geodesic_invariant); "
                     "--metric/--norm/--no-christoffel/--eps/--p change that measure's fields")
     sp.add_argument("--metric", default=None, choices=["invariant", "mixed"],
-                    help="pair metric (geodesic measures only)")
-    sp.add_argument("--rho", type=float, required=True)
-    sp.add_argument("--n-iters", type=int, default=20)
-    sp.add_argument("--norm", choices=["riemannian", "adaptive"], default=None)
+                    help="pair metric (geodesic measures only; default: the measure's own)")
+    sp.add_argument("--rho", type=_rho, required=True,
+                    help="radius of the ball, or 'auto': suggested by --rho-rule (see 'choosing rho' below)")
+    sp.add_argument("--rho-rule", default="loss", choices=["loss", "correction"],
+                    help="rule of --rho auto: 'loss' (sharpness = --rho-increase x the loss) or 'correction' "
+                    "(largest rho whose second-order correction stays below the warning bound)")
+    sp.add_argument("--rho-increase", type=float, default=0.1,
+                    help="--rho auto with --rho-rule loss: the loss increase to reach, as a fraction of the loss")
+    sp.add_argument("--n-iters", type=int, default=20, help="Auto-PGD iterations per batch")
+    sp.add_argument("--norm", choices=["riemannian", "adaptive"], default=None,
+                    help="ball of a geodesic measure (adaptive: the Christoffel-only ablation; "
+                    "default: the measure's own)")
     sp.add_argument("--no-christoffel", action="store_true", help="straight steps (ablation)")
-    sp.add_argument("--eps", type=float, default=None, help="ε relaxation (geodesic measures only)")
-    sp.add_argument("--p", default=None, choices=["l2", "linf"], help="l2 or linf (adaptive only)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--eps", type=float, default=None,
+                    help="epsilon relaxation (geodesic measures only; default: the measure's own)")
+    sp.add_argument("--p", default=None, choices=["l2", "linf"],
+                    help="l2 or linf (adaptive only; default: the measure's own)")
+    sp.add_argument("--seed", type=int, default=0, help="seeds random starts and average-case draws")
     sp.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
-                    help="forward/backward passes in this dtype (float32 models; geometry stays float32)")
-    sp.add_argument("--out", help="write the result as JSON here")
+                    help="forward/backward passes in this dtype (float32 models; geometry stays float32; "
+                    "default: full precision)")
+    sp.add_argument("--out", default=None, help="write the result as JSON here (checked before computing)")
     sp.add_argument("--quiet", action="store_true",
                     help="no progress bar and no messages: only the result line (errors still go to stderr)")
-    sy = sub.add_parser("symmetries", help="list the GL(h) pairs hideseek finds in a model")
+    sy = sub.add_parser("symmetries", help="list the GL(h) pairs hideseek finds in a model",
+                        description="List the GL(h) attention pairs and GL(r) LoRA pairs hideseek finds.",
+                        formatter_class=_Formatter)
     _add_model_args(sy)
+    return ap
+
+
+RHO_HELP = """
+choosing rho:
+  rho is not comparable across measures: adaptive l2 bounds the relative changes of all
+  weights in squares (rms relative change rho/sqrt(d)), the invariant metric is scale-free
+  in the same way per pair, the mixed metric scales with the weights' norms. --rho auto
+  picks rho by --rho-rule on the first batch (hideseek.suggest_rho; README: Choosing rho).
+"""
+
+
+def _symmetries(model) -> int:
+    blocks = find_symmetries(model)
+    if not blocks:
+        print(f"no symmetry pairs found in {type(model).__name__}: it has no attention or LoRA adapter "
+              "hideseek recognises (adaptive sharpness still applies; declare pairs with the Python API)")
+        return 0
+    for blk in blocks:
+        for d in blk.describe():
+            heads = f"{d['heads']:>3} heads × {d.get('group', 'GL(%d)' % d['head_width'])}"
+            print(f"{d['module']:<60} {d['kind']:>4}  {heads}  "
+                  f"G {d['G_shape'][0]}×{d['G_shape'][1]}  H {d['H_shape'][0]}×{d['H_shape'][1]}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     try:
         args = ap.parse_args(argv)
     except _ArgumentError as err:
         return _fail(err)
     try:
-        # the measure and the data first: reported before any (large) model is loaded
-        measure = batches = None
-        if args.cmd == "sharpness":
-            if not args.rho > 0:
-                raise CLIError(f"--rho must be a positive number, got {args.rho}")
-            if args.n_iters < 1:
-                raise CLIError(f"--n-iters must be at least 1, got {args.n_iters}")
-            measure = Measure.from_keywords(
-                args.measure, metric=args.metric, norm=args.norm,
-                christoffel=False if args.no_christoffel else None, eps=args.eps, p=args.p)
-            batches = load_batches(args.data, args.batch_size, args.max_batches)
-        model = load_model(args)
-        if args.cmd == "symmetries":
-            for blk in find_symmetries(model):
-                for d in blk.describe():
-                    print(f"{d['module']:<60} {d['kind']:>3}  {d['heads']:>3} heads × {d.get('group', 'GL(%d)' % d['head_width'])}  "
-                          f"G {d['G_shape'][0]}×{d['G_shape'][1]}  H {d['H_shape'][0]}×{d['H_shape'][1]}")
-            return 0
-        res = sharpness(model, batches, measure, rho=args.rho, n_iters=args.n_iters, seed=args.seed,
-                        autocast=args.autocast, progress=not args.quiet)
+        return _run(args)
     except (CLIError, SharpnessInputError, UnsupportedAttentionError, FileNotFoundError, ValueError) as err:
         return _fail(err)
-    print(f"{res.name} (rho={args.rho}, {len(res.per_batch)} batches): {res.value:.6g}")
+    except Exception as err:  # noqa: BLE001 (the promise: one line, exit 2; the traceback on request)
+        if os.environ.get("HIDESEEK_TRACEBACK"):
+            raise
+        return _fail(f"{type(err).__name__}: {err}")
+
+
+def _run(args) -> int:
+    # the measure, the data and --out first: reported before any (large) model is loaded
+    measure = batches = None
+    if args.cmd == "sharpness":
+        if args.rho != "auto" and not args.rho > 0:
+            raise CLIError(f"--rho must be a positive number or 'auto', got {args.rho}")
+        if args.n_iters < 1:
+            raise CLIError(f"--n-iters must be at least 1, got {args.n_iters}")
+        measure = Measure.from_keywords(
+            args.measure, metric=args.metric, norm=args.norm,
+            christoffel=False if args.no_christoffel else None, eps=args.eps, p=args.p)
+        batches = load_batches(args.data, args.batch_size, args.max_batches)
+        _check_out(args.out)
+    model = load_model(args)
+    if args.cmd == "symmetries":
+        return _symmetries(model)
+    _check_data_fits(model, batches)
+    rho = args.rho
+    if rho == "auto":
+        rho = suggest_rho(model, batches[:1], measure, rule=args.rho_rule, increase=args.rho_increase).rho
+        if not args.quiet:
+            print(f"rho={rho:.4g} chosen by suggest_rho (rule {args.rho_rule})")
+    res = sharpness(model, batches, measure, rho=rho, n_iters=args.n_iters, seed=args.seed,
+                    autocast=args.autocast, progress=not args.quiet)
+    print(f"{res.name} (rho={rho:.6g}, {len(res.per_batch)} batches): {res.value:.6g}")
     if res.norm_share and not args.quiet:
         print("maximiser's squared norm by where it lies: "
               + ", ".join(f"{k} {v:.1%}" for k, v in res.norm_share.items()))
     if args.out:
         try:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(res.to_dict(), indent=2, default=str))
         except OSError as err:
-            return _fail(f"--out {args.out}: cannot write ({err.strerror or err})")
+            raise CLIError(f"--out {args.out}: cannot write ({err.strerror or err})") from None
         if not args.quiet:
             print(f"wrote {args.out}")
     return 0

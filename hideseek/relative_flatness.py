@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
-from .sharpness import _to   # the same device move as sharpness()
+from .inputs import Loss, check_batches, check_finite_loss, check_model, logits_of, to_device, unwrap_model
 
 __all__ = ["RelativeFlatnessResult", "relative_flatness"]
 
@@ -94,19 +93,9 @@ def _resolve_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Mo
     return name, linear
 
 
-def _logits(out) -> Tensor | None:
-    if isinstance(out, Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, Tensor):
-        return logits
-    return None
-
-
-def _forward(model: nn.Module, params: Mapping[str, Tensor], x) -> Any:
-    if isinstance(x, Mapping):
-        return functional_call(model, dict(params), (), dict(x))
-    return functional_call(model, dict(params), (x,))
+def _cross_entropy(out, y) -> Tensor:
+    """The default loss: mean softmax cross-entropy of the logits (not the model's own ``.loss``)."""
+    return F.cross_entropy(logits_of(out), y)
 
 
 def _closed_form(W: Tensor, phi: Tensor, logits: Tensor) -> Tensor:
@@ -150,9 +139,13 @@ def relative_flatness(model: nn.Module, batches: Iterable, layer: str | nn.Modul
     Parameters
     ----------
     model:
-        In eval mode (dropout would make the Hessian random).
+        In eval mode (dropout would make the Hessian random); ``DataParallel`` /
+        ``DistributedDataParallel`` / ``torch.compile`` wrappers are unwrapped.
     batches:
-        Iterable of ``(inputs, labels)``; ``inputs`` a tensor (positional) or a dict (keywords).
+        As for :func:`hideseek.sharpness` (:mod:`hideseek.inputs`): ``(inputs, labels)`` pairs,
+        ``inputs`` a tensor (positional) or a dict (keywords), or Hugging Face dicts holding
+        ``"labels"``; one batch on its own is one batch.  Bad batches raise the same
+        :class:`~hideseek.SharpnessInputError` as :func:`hideseek.sharpness`.
     layer:
         The parameter name of ``W`` (``"classifier.weight"``), a module name (``"classifier"``)
         or the module itself; ``W`` must be 2-D.
@@ -166,17 +159,9 @@ def relative_flatness(model: nn.Module, batches: Iterable, layer: str | nn.Modul
     """
     if method not in ("auto", "closed_form", "autograd"):
         raise ValueError(f"method must be 'auto', 'closed_form' or 'autograd', got {method!r}")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    training = [n or type(model).__name__ for n, m in model.named_modules() if m.training]
-    if training:
-        raise ValueError(f"the model is in training mode (e.g. {training[0]!r}); call model.eval() "
-                         "first, dropout would make the Hessian random")
-    if isinstance(batches, (Tensor, Mapping)):
-        raise TypeError("batches must be an iterable of (inputs, labels) pairs, e.g. [(x, y)]")
-    data = list(batches)
-    if not data:
-        raise ValueError("batches is empty")
+    model = unwrap_model(model)
+    check_model(model)            # eval mode: dropout would make the Hessian random
+    data = check_batches(batches)
     if method == "closed_form" and loss_fn is not None:
         raise ValueError("the closed form is for the default softmax cross-entropy; drop loss_fn "
                          "or use method='autograd'")
@@ -186,19 +171,10 @@ def relative_flatness(model: nn.Module, batches: Iterable, layer: str | nn.Modul
     device = W.device
     t0 = time.perf_counter()
 
-    def default_loss(out, y):
-        logits = _logits(out)
-        if logits is None:
-            raise ValueError(f"the model returned {type(out).__name__}, not logits (a tensor or an "
-                             "object with .logits); pass loss_fn(output, labels) -> scalar")
-        return F.cross_entropy(logits, y)
-
-    loss = loss_fn or default_loss
+    loss = Loss(model, loss_fn or _cross_entropy, None, device)
     values, bases, used = [], [], []
-    for i, b in enumerate(data):
-        if not isinstance(b, (tuple, list)) or len(b) != 2:
-            raise TypeError(f"batch {i} is not an (inputs, labels) pair")
-        x, y = _to(b[0], device), _to(b[1], device)
+    for i, (x, y) in enumerate(data):
+        x, y = to_device(x, device), to_device(y, device)
         kind = "autograd" if method == "autograd" or loss_fn is not None else None
         if kind is None and linear is not None:
             captured: dict[str, Tensor] = {}
@@ -209,25 +185,24 @@ def relative_flatness(model: nn.Module, batches: Iterable, layer: str | nn.Modul
             handle = linear.register_forward_hook(hook)
             try:
                 with torch.no_grad():
-                    out = _forward(model, params, x)
+                    out = loss.output(params, x, y)
             finally:
                 handle.remove()
-            logits = _logits(out)
-            if logits is None:
-                default_loss(out, y)    # raises the clear error
+            logits = logits_of(out)
             ok = (captured.get("calls") == 1 and captured["phi"].dim() == 2
                   and captured["z"].shape == logits.shape and torch.equal(captured["z"], logits))
             if ok:
                 values.append(_closed_form(W, captured["phi"], logits))
                 bases.append(float(F.cross_entropy(logits, y)))
+                check_finite_loss(i, bases[-1], y)
                 used.append("closed_form")
                 continue
         if method == "closed_form":
             raise ValueError(f"the closed form needs {name!r} to be an nn.Linear on (batch, features) "
                              "inputs whose output is the model's logits; use method='autograd'")
 
-        def loss_of_W(Wl, x=x, y=y):
-            return loss(_forward(model, {**params, name: Wl}, x), y)
+        def loss_of_W(Wl, x=x, y=y, i=i):
+            return loss.checked({**params, name: Wl}, x, y, i)
         val, base = _autograd(loss_of_W, W)
         values.append(val)
         bases.append(float(base))

@@ -28,21 +28,22 @@ batch, then the result.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import numbers
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call  # noqa: F401 (the loss's functional call, now in .inputs; kept as a name)
 from torch.profiler import record_function
-from torch.func import functional_call
 
 from .geometry.space import ProductGeometry
+from .inputs import Loss, SharpnessInputError, check_batch_losses, check_batches as _check_batches, \
+    check_finite_loss, check_model, \
+    to_device as _to, unwrap_model
 from .measures import Measure
 from .solvers.apgd import SolverResult, SolverStep, apgd, average_case
 from .symmetries.base import SymmetryBlock
@@ -75,6 +76,10 @@ class SharpnessResult:
     #: — and ``"free"`` (every other parameter), summing to 1, averaged over the batches with
     #: a non-zero maximiser.  Empty for the average case and the ℓ∞ ball.
     norm_share: dict[str, float] = field(default_factory=dict)
+    #: names of the parameter tensors perturbed (by default those that require gradients and
+    #: get one, minus ``exclude``; frozen ones stay fixed) and their number
+    perturbed_params: list[str] = field(default_factory=list)
+    n_perturbed_params: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -82,119 +87,27 @@ class SharpnessResult:
         return d
 
 
-class SharpnessInputError(ValueError):
-    """The model, its weights or the batches are not fit for a sharpness measurement."""
-
-
 # ---------------------------------------------------------------------------- checks
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _check_weights(model: nn.Module) -> None:
-    """Always checked (``checks=False`` does not skip it): a module with materialised,
-    full-precision parameters.  Half-precision *weights* give silently wrong numbers —
-    sharpness is a small difference of two nearby losses, and bfloat16 weights round it to
-    exactly 0 — so they are refused; ``autocast=`` runs the passes in half precision instead."""
-    if not isinstance(model, nn.Module):
-        raise SharpnessInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    params = list(model.named_parameters())
-    if not params:
-        raise SharpnessInputError(f"the model ({type(model).__name__}) has no parameters to perturb")
-    meta = [n for n, p_ in params if p_.is_meta]
-    if meta:
-        raise SharpnessInputError(
-            f"the model's parameters are on the meta device ({len(meta)} of {len(params)}, e.g. {meta[0]!r}): "
-            "they hold no values. Load real weights first (e.g. model.to_empty(device='cpu') then "
-            "load_state_dict, or from_pretrained without a meta device_map)")
-    half = sorted({str(p_.dtype).removeprefix("torch.") for _, p_ in params if p_.dtype in _HALF})
+def _check_weights(model: nn.Module, perturbed: Sequence[str]) -> None:
+    """Always checked (``checks=False`` does not skip it): the parameters to perturb are in
+    full precision.  Perturbing half-precision *weights* gives silently wrong numbers —
+    sharpness is a small difference of two nearby losses, and a bfloat16 perturbation rounds
+    it to exactly 0 — so they are refused; frozen half-precision weights (a LoRA base) are
+    fine, and ``autocast=`` runs the passes in half precision."""
+    params = dict(model.named_parameters())
+    half = [n for n in perturbed if params[n].dtype in _HALF]
     if half:
-        first = next(n for n, p_ in params if p_.dtype in _HALF)
+        dtypes = "/".join(sorted({str(params[n].dtype).removeprefix("torch.") for n in half}))
         raise SharpnessInputError(
-            f"the model has {'/'.join(half)} weights (e.g. {first!r}): sharpness is a small difference of "
-            "two losses and half precision weights round it away (bfloat16 weights give exactly 0). "
-            "Keep the weights in float32 (model.float()) and pass autocast='bfloat16' (or 'float16') "
-            "to run the forward and backward passes in half precision")
-
-
-def _check_model(model: nn.Module) -> None:
-    training = [n or type(model).__name__ for n, m in model.named_modules() if m.training]
-    if training:
-        dropouts = [n for n, m in model.named_modules()
-                    if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
-        why = (f" It has active dropout ({len(dropouts)} modules, e.g. {dropouts[0]!r}), which makes "
-               "the loss random and sharpness meaningless." if dropouts else "")
-        raise SharpnessInputError(
-            f"the model is in training mode ({len(training)} modules, e.g. {training[0]!r})." + why
-            + " Call model.eval() before measuring sharpness.")
-    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
-    if bad:
-        raise SharpnessInputError(f"the model has NaN or infinite weights in {len(bad)} parameters: "
-                                  f"{bad[:5]}{' …' if len(bad) > 5 else ''}. Sharpness is undefined there; "
-                                  "check the checkpoint or the training run.")
-
-
-def _is_inputs(x) -> bool:
-    return isinstance(x, (Tensor, Mapping))
-
-
-def _one_batch(i: int, b) -> tuple[Any, Any]:
-    """``(inputs, labels)`` of one batch: a pair, or a dict holding ``"labels"`` (the
-    Hugging Face convention: the other entries are the model's keyword inputs)."""
-    if isinstance(b, Mapping):
-        if "labels" not in b:
-            hint = " (rename 'label' to 'labels')" if "label" in b else ""
-            raise SharpnessInputError(
-                f"batch {i} is a dict without 'labels' (keys: {sorted(b)[:8]}){hint}; each batch must be a "
-                "pair (inputs, labels) or a dict holding the labels under 'labels' (Hugging Face convention)")
-        return {k: v for k, v in b.items() if k != "labels"}, b["labels"]
-    if not isinstance(b, (tuple, list)) or len(b) != 2:
-        raise SharpnessInputError(
-            f"batch {i} is a {type(b).__name__}{'' if not hasattr(b, '__len__') else f' of length {len(b)}'}; "
-            "each batch must be a pair (inputs, labels), where inputs is a tensor (passed "
-            "positionally) or a dict (passed as keyword arguments), or a dict holding 'labels'")
-    x, y = b
-    if not _is_inputs(x):
-        raise SharpnessInputError(f"batch {i}: inputs must be a tensor or a dict of tensors, got "
-                                  f"{type(x).__name__}")
-    return x, y
-
-
-def _check_batches(batches: Iterable) -> list[tuple[Any, Any]]:
-    """The batches as a list of ``(inputs, labels)``.  Accepted: an iterable (list,
-    DataLoader) of pairs or of dicts holding ``"labels"``; one pair ``(inputs, labels)`` or
-    one such dict on its own is one batch."""
-    if isinstance(batches, Tensor):
-        raise SharpnessInputError("batches must be an iterable of (inputs, labels) pairs, e.g. a "
-                                  "DataLoader or [(x, y)], not a single tensor")
-    # A list of batches never holds a bare tensor or a dict without labels: such a first
-    # element means one (inputs, labels) pair was passed on its own.
-    if isinstance(batches, Mapping) or (isinstance(batches, (tuple, list)) and len(batches) == 2 and (
-            isinstance(batches[0], Tensor) or (isinstance(batches[0], Mapping) and "labels" not in batches[0]))):
-        batches = [batches]
-    out = [_one_batch(i, b) for i, b in enumerate(batches)]
-    if not out:
-        raise SharpnessInputError("batches is empty")
-    return out
-
-
-def _to(obj, device):
-    if isinstance(obj, Tensor):
-        return obj.to(device)
-    if isinstance(obj, Mapping):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
-
-
-def _logits(out) -> Tensor:
-    if isinstance(out, Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, Tensor):
-        return logits
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
-        return out[0]
-    raise SharpnessInputError(f"the model returned {type(out).__name__}; expected a tensor or an "
-                              "object with .logits (or pass loss_fn that accepts this output)")
+            f"{len(half)} of the parameters to perturb are {dtypes} (e.g. {half[0]!r}): sharpness is a small "
+            "difference of two losses and a perturbation in half precision rounds it away (bfloat16 gives "
+            "exactly 0). Load the model in float32 (from_pretrained(..., dtype=torch.float32) or "
+            "model.float(); on the command line --dtype float32) and pass autocast='bfloat16' (or "
+            "'float16') to run the passes in half precision, or freeze those parameters "
+            "(requires_grad_(False)) to measure the others (a LoRA fine-tune on a half-precision base)")
 
 
 def _autocast_dtype(autocast) -> torch.dtype | None:
@@ -208,47 +121,8 @@ def _autocast_dtype(autocast) -> torch.dtype | None:
     return table[autocast]
 
 
-def _default_loss(out, y: Tensor) -> Tensor:
-    """The model's own ``.loss`` when it returns one (Hugging Face models given
-    ``labels``), else the mean cross-entropy of the logits."""
-    loss = getattr(out, "loss", None)
-    if isinstance(loss, Tensor):
-        return loss
-    return F.cross_entropy(_logits(out), y)
-
-
-def _accepts_labels(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes a ``labels`` keyword (Hugging Face task models)."""
-    try:
-        return "labels" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 # ---------------------------------------------------------------------------- set-up
-class _Loss:
-    """``loss(params, x, y)``: the model's loss at ``params`` (a functional call), with the
-    model's passes under ``torch.autocast`` when asked.  The parameters are computed (the
-    geodesic step) before entering: only the model runs in ``amp_dtype``.  A model whose
-    ``forward`` takes ``labels`` (Hugging Face) gets them, so that its output carries its
-    own ``.loss``."""
-
-    def __init__(self, model: nn.Module, loss_fn: Callable, amp_dtype: torch.dtype | None,
-                 device: torch.device) -> None:
-        self.model, self.loss_fn, self.amp_dtype, self.device = model, loss_fn, amp_dtype, device
-        self.pass_labels = _accepts_labels(model)
-        #: the loss is multiplied by this before a backward pass (float16: keep small
-        #: gradients from flushing to zero; only the gradient's direction is used)
-        self.grad_scale = 1024.0 if amp_dtype == torch.float16 else 1.0
-
-    def __call__(self, params: Mapping[str, Tensor], x, y) -> Tensor:
-        amp = self.amp_dtype
-        kw = {"labels": y} if self.pass_labels and y is not None else {}
-        with torch.autocast(self.device.type, dtype=amp, enabled=amp is not None):
-            out = functional_call(self.model, params, (x,), kw) if isinstance(x, Tensor) else \
-                functional_call(self.model, params, (), {**x, **kw})
-            loss = self.loss_fn(out, y)
-        return loss.float() if amp is not None and isinstance(loss, Tensor) else loss
+_Loss = Loss   # the model's loss at given parameters (hideseek.inputs)
 
 
 @dataclass
@@ -260,6 +134,7 @@ class _SetUp:
     blocks: list[SymmetryBlock]
     loss0: Tensor                        # loss at θ on the first batch
     setup_grads: dict[str, Tensor]       # its gradient (Auto-PGD's start on batch 0)
+    perturbed: list[str] = field(default_factory=list)   # names of the perturbed parameters
 
 
 def _is_int(v) -> bool:
@@ -302,13 +177,17 @@ def _check_exclude(exclude, names: Sequence[str]) -> tuple[str, ...]:
     return exclude
 
 
-def _check_amp(model: nn.Module, autocast) -> torch.dtype | None:
+def _check_amp(model: nn.Module, autocast, perturb: Sequence[str] = ()) -> torch.dtype | None:
+    """The autocast dtype; the perturbed parameters must then be float32 (torch.autocast
+    leaves other dtypes alone; frozen half-precision weights are fine)."""
     amp_dtype = _autocast_dtype(autocast)
-    if amp_dtype is not None and any(p_.dtype != torch.float32 for p_ in model.parameters()
-                                     if p_.is_floating_point()):
-        raise ValueError(f"autocast={autocast!r} needs a float32 model (torch.autocast leaves other dtypes "
-                         f"alone), but this one has {sorted({str(p_.dtype) for p_ in model.parameters()})} "
-                         "parameters; call model.float() first or drop autocast")
+    params = dict(model.named_parameters())
+    names = perturb or list(params)
+    other = sorted({str(params[n].dtype) for n in names if params[n].dtype != torch.float32})
+    if amp_dtype is not None and other:
+        raise ValueError(f"autocast={autocast!r} needs a float32 model (its perturbed parameters in float32: "
+                         f"torch.autocast leaves other dtypes alone), but some are {other}; call model.float() "
+                         "first or drop autocast")
     return amp_dtype
 
 
@@ -316,23 +195,34 @@ def _excluded(name: str, exclude: Sequence[str]) -> bool:
     return any(name == e or name.startswith(e.rstrip(".") + ".") for e in exclude)
 
 
-def _setup_pass(loss: _Loss, all_params: dict[str, Tensor], x0, y0, exclude: Sequence[str],
+def _perturbed(model: nn.Module, exclude: Sequence[str]) -> list[str]:
+    """The parameters to perturb: those that require gradients, minus ``exclude``."""
+    params = list(model.named_parameters())
+    names = [n for n, p_ in params if p_.requires_grad and not _excluded(n, exclude)]
+    if not names:
+        why = "every parameter is frozen (requires_grad=False)" if not any(p_.requires_grad for _, p_ in params) \
+            else "exclude leaves none of the parameters that require gradients"
+        raise SharpnessInputError(f"nothing to perturb: {why}. Sharpness perturbs the parameters that require "
+                                  "gradients; call requires_grad_(True) on those to measure")
+    return names
+
+
+def _setup_pass(loss: _Loss, all_params: dict[str, Tensor], x0, y0, perturb: Sequence[str],
                 checks: bool) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss and gradient at θ on the first batch.  The parameters that get a gradient are
     the ones that take part (an unused text tower does not); the gradient is also Auto-PGD's
     start on the first batch (ξ = 0).  With ``checks``, a second identical pass must give
     the same loss (a deterministic model)."""
-    leaves = {n: t.detach().requires_grad_(True) for n, t in all_params.items() if not _excluded(n, exclude)}
+    leaves = {n: all_params[n].detach().requires_grad_(True) for n in perturb}
     with torch.enable_grad():
-        loss0 = loss(leaves, x0, y0)
-        if not isinstance(loss0, Tensor) or loss0.numel() != 1:
-            raise SharpnessInputError("loss_fn must return a scalar tensor")
+        loss0 = loss.checked(leaves, x0, y0, 0)
         grads = torch.autograd.grad(loss0 * loss.grad_scale, list(leaves.values()), allow_unused=True)
     setup_grads = {n: g for n, g in zip(leaves, grads) if g is not None}
     del grads
     if checks:
         with torch.enable_grad():   # same kernels as the first pass (no inference fast path)
             again = loss(leaves, x0, y0).detach()
+        check_finite_loss(0, again, y0)
         if float(again) != float(loss0.detach()):
             raise SharpnessInputError(
                 "the loss differs between two identical forward passes "
@@ -341,37 +231,84 @@ def _setup_pass(loss: _Loss, all_params: dict[str, Tensor], x0, y0, exclude: Seq
     return loss0.detach(), setup_grads
 
 
+def _check_whole(blocks: Sequence[SymmetryBlock], used: set[str], exclude: Sequence[str],
+                 declared: Sequence[SymmetryBlock]) -> list[SymmetryBlock]:
+    """The blocks whose parameters are all perturbed.  A block perturbed in part cannot keep
+    its GL(h) geometry: ``exclude`` (or ``pairs=``) asking for that is refused, naming the
+    pair; a block frozen in part is measured elementwise, with a warning naming it."""
+    keep = []
+    for b in blocks:
+        missing = [n for n in b.param_names if n not in used]
+        if not missing:
+            keep.append(b)
+            continue
+        if len(missing) == len(b.param_names) and not any(b is d for d in declared):
+            continue                      # frozen or unused as a whole: not perturbed at all
+        moving = [n for n in b.param_names if n in used]
+        if any(b is d for d in declared) or any(_excluded(n, exclude) for n in missing):
+            state = f"{missing[0]!r} left fixed, {moving[0]!r} perturbed" if moving else \
+                f"{missing[0]!r} and the rest left fixed"
+            names = ", ".join(repr(n) for n in b.param_names[:4]) + (" …" if len(b.param_names) > 4 else "")
+            raise SharpnessInputError(
+                f"the symmetry pair(s) of {b.module} would be perturbed in part ({state}): a GL(h) pair is "
+                f"measured as a whole. Exclude all of its parameters ({names}) or none of them")
+        warnings.warn(f"the symmetry pair(s) of {b.module} are frozen in part ({missing[0]!r} does not require "
+                      f"gradients, {moving[0]!r} does): its perturbed parameters get the adaptive geometry, "
+                      "without GL(h) invariance", RuntimeWarning, stacklevel=4)
+    for b in keep:
+        shadow = [n for n in getattr(b, "adapters", ()) if n in used]
+        if shadow:
+            raise SharpnessInputError(
+                f"{b.module}: its projections carry LoRA adapters ({shadow[0]!r}, …) and their base weights are "
+                "perturbed too; the attention's GL(h) action would also have to move the adapters. Freeze the "
+                "base weights (peft's default) to measure the adapters' GL(r) pairs, or exclude the adapters")
+    return keep
+
+
 def _symmetry_blocks(model: nn.Module, measure: Measure, all_params: dict[str, Tensor], used: set[str],
-                     pairs: Sequence[SymmetryBlock] | None, on_unsupported: str) -> list[SymmetryBlock]:
-    """The GL(h) blocks to measure on (geodesic only): those found in the model and those
-    declared, restricted to blocks whose parameters all get a gradient."""
+                     pairs: Sequence[SymmetryBlock] | None, on_unsupported: str,
+                     exclude: Sequence[str] = ()) -> list[SymmetryBlock]:
+    """The GL(h) blocks to measure on (geodesic only): those found in the model (attention,
+    peft LoRA adapters) and those declared, restricted to blocks whose parameters are all
+    perturbed (:func:`_check_whole`)."""
     if measure.geometry != "geodesic":
         return []
     found = find_symmetries(model, on_unsupported=on_unsupported)
-    extra = [blk.bind(all_params) for blk in (pairs or [])]
-    blocks = [b for b in found + extra if all(n in used for n in b.param_names)]
+    extra = [_bind_declared(blk, all_params) for blk in (pairs or [])]
+    declared = {n for b in extra for n in b.param_names}
+    found = [b for b in found if not declared & set(b.param_names)]   # a declaration wins
+    blocks = _check_whole(found + extra, used, exclude, extra)
     if not blocks:
         raise SharpnessInputError(
-            "no GL(h) symmetry to measure on: the model has no attention that hideseek "
-            "recognises" + (" (or it gets no gradient)" if found else "")
+            "no GL(h) symmetry to measure on: the model has no attention or LoRA adapter that hideseek "
+            "recognises" + (" among the perturbed parameters (frozen ones stay fixed)" if found else "")
             + ". Declare pairs with pairs=[hideseek.DiagonalPair(...)/FactorPair(...)] "
             "or use measure='adaptive'.")
     return blocks
 
 
+def _bind_declared(blk: SymmetryBlock, all_params: dict[str, Tensor]) -> SymmetryBlock:
+    resolve = getattr(blk, "resolve", None)
+    if callable(resolve):
+        blk = resolve(list(all_params))
+    return blk.bind(all_params)
+
+
 def _set_up(model: nn.Module, data: list, measure: Measure, *, loss_fn: Callable | None, autocast,
-            pairs, on_unsupported: str, exclude: Sequence[str], checks: bool) -> _SetUp:
+            pairs, on_unsupported: str, exclude: Sequence[str], checks: bool,
+            perturb: Sequence[str] | None = None) -> _SetUp:
     device = next(model.parameters()).device
     all_params = {n: p_.detach() for n, p_ in model.named_parameters()}
+    perturb = _perturbed(model, exclude) if perturb is None else perturb
     x0, y0 = _to(data[0][0], device), _to(data[0][1], device)
-    loss = _Loss(model, loss_fn or _default_loss, _check_amp(model, autocast), device)
-    loss0, setup_grads = _setup_pass(loss, all_params, x0, y0, exclude, checks)
+    loss = _Loss(model, loss_fn, _check_amp(model, autocast, perturb), device)
+    loss0, setup_grads = _setup_pass(loss, all_params, x0, y0, perturb, checks)
     used = set(setup_grads)
-    blocks = _symmetry_blocks(model, measure, all_params, used, pairs, on_unsupported)
+    blocks = _symmetry_blocks(model, measure, all_params, used, pairs, on_unsupported, exclude)
     params = {n: all_params[n] for n in all_params if n in used}
     geom = ProductGeometry(params, blocks, metric=measure.metric or "invariant", eps=measure.eps,
                            norm=measure.norm, christoffel=measure.christoffel, p=measure.p)
-    return _SetUp(loss, geom, blocks, loss0, setup_grads)
+    return _SetUp(loss, geom, blocks, loss0, setup_grads, list(params))
 
 
 # ---------------------------------------------------------------------------- per batch
@@ -438,13 +375,32 @@ def _progress(data: list, desc: str, progress: bool):
 
 
 def _warn_large_correction(ratios: list[float], rho: float) -> None:
-    if ratios and max(ratios) > 0.5:
+    if ratios and max(ratios) > CORRECTION_BOUND:
         warnings.warn(
             f"the second-order geodesic correction is large at rho={rho}: ‖½Γ(ξ,ξ)‖/‖ξ‖ reaches "
             f"{max(ratios):.3g} on some pair (near-zero or nearly rank-deficient weights allow huge "
-            "relative steps). The second-order approximation of the geodesic is unreliable there; "
-            "use a smaller rho, eps > 0, or christoffel='exact' where available.", RuntimeWarning,
+            "relative steps), so the second-order approximation of the geodesic is unreliable there. "
+            "Use a smaller rho: hs.suggest_rho(model, batches, measure) (command line: --rho auto) "
+            f"gives the largest one whose correction stays below {CORRECTION_BOUND}", RuntimeWarning,
             stacklevel=3)
+
+
+#: the largest ‖½Γ(ξ,ξ)‖/‖ξ‖ the second-order step is trusted with (warning above it;
+#: :func:`hideseek.rho.suggest_rho`'s ``"correction"`` rule stays below it)
+CORRECTION_BOUND = 0.5
+#: a mean loss increase above this many times ``max(L(θ), 1)`` is saturation (warning)
+SATURATION = 10.0
+
+
+def _warn_saturated(values: list[float], bases: list[float], rho: float) -> None:
+    value, base = sum(values) / len(values), sum(bases) / len(bases)
+    if value > SATURATION * max(base, 1.0):
+        warnings.warn(
+            f"rho={rho} is so large that the measure saturates: the loss rises by {value:.4g} from "
+            f"{base:.4g} at θ (more than {SATURATION:g}× max(loss, 1)); the ball reaches far past the "
+            "model's neighbourhood and the value reflects the perturbation, not the model. Use a "
+            "smaller rho: hs.suggest_rho(model, batches, measure) (command line: --rho auto)",
+            RuntimeWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------- where
@@ -496,8 +452,14 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     Parameters
     ----------
     model:
-        In eval mode, finite float32/float64 weights (half-precision weights are refused: use
-        ``autocast=``).  Output: a tensor, an object with ``.logits``, or one with ``.loss``.
+        In eval mode, finite weights.  **What is perturbed**: the parameters that require
+        gradients (and get one), minus ``exclude``; frozen ones stay fixed (a LoRA fine-tune:
+        the adapters); ``SharpnessResult.perturbed_params`` lists them.  They must be
+        float32/float64 (perturbed half-precision weights are refused: load in float32 and
+        use ``autocast=``); frozen half-precision weights are fine.  ``nn.DataParallel``,
+        ``DistributedDataParallel`` and ``torch.compile`` wrappers are unwrapped (the wrapped
+        module is measured eagerly).  Output: a tensor, an object with ``.logits``, or one
+        with ``.loss``.
     batches:
         Iterable (list, ``DataLoader``) of ``(inputs, labels)``; ``inputs`` a tensor (passed
         positionally) or a dict (passed as keyword arguments).  A batch may also be a dict
@@ -510,7 +472,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         alias (``"geodesic"``, ``"adaptive"``).  Default ``Measure()``: geodesic sharpness,
         invariant metric.
     rho:
-        Radius of the ball.
+        Radius of the ball; what it means per measure, and :func:`hideseek.suggest_rho` to
+        choose one: :mod:`hideseek.rho`.
     n_iters:
         Auto-PGD iterations (gradient evaluations) per batch; the number of draws of the
         average case when ``n_samples`` is not given.
@@ -524,7 +487,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         in a float64 model: pass ``loss_fn`` for float64 precision.)
     pairs:
         Extra user-declared symmetry blocks (:class:`~hideseek.symmetries.DiagonalPair`,
-        :class:`~hideseek.symmetries.FactorPair`), added to the attention pairs found.
+        :class:`~hideseek.symmetries.FactorPair`, names full or a unique ending), added to
+        the pairs found (attention, and one GL(r) pair per peft LoRA adapter); a declared
+        pair replaces a found one on the same parameters.
     n_samples:
         Draws per batch of the average case.
     random_start:
@@ -532,8 +497,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     on_unsupported:
         ``"raise"`` or ``"adaptive"``: what to do with attention whose symmetry is unknown.
     exclude:
-        Parameter names or dotted prefixes to leave unperturbed (a single string is one
-        prefix); each must match some parameter.
+        Parameter names or dotted prefixes to leave unperturbed besides the frozen ones (a
+        single string is one prefix); each must match some parameter, and none may leave a
+        symmetry pair perturbed in part (refused, naming the pair).
     autocast:
         ``None`` (full precision), ``"bfloat16"`` or ``"float16"``: run the model's forward
         and backward passes under ``torch.autocast`` in that dtype.  The geometry (metric,
@@ -562,18 +528,21 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     measure = Measure.from_keywords(measure, metric=metric, p=p, kind=kind, norm=norm,
                                     christoffel=christoffel, eps=eps)
     _check_settings(measure, rho, n_iters, n_samples, seed)
-    _check_weights(model)
-    _check_model(model) if checks else None
+    model = unwrap_model(model)
+    check_model(model, eval_mode=checks)
     exclude = _check_exclude(exclude, [n for n, _ in model.named_parameters()])
+    perturb = _perturbed(model, exclude)
+    _check_weights(model, perturb)
     data = _check_batches(batches)
     t_start = time.perf_counter()
     setup = _set_up(model, data, measure, loss_fn=loss_fn, autocast=autocast, pairs=pairs,
-                    on_unsupported=on_unsupported, exclude=exclude, checks=checks)
+                    on_unsupported=on_unsupported, exclude=exclude, checks=checks, perturb=perturb)
     results, ratios, shares = [], [], []
     accounting = _accounting_blocks(model, measure, setup)
     for i, (x, y) in enumerate(_progress(data, measure.name, progress)):
         res = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
                              n_samples=n_samples, random_start=random_start, callback=callback)
+        check_batch_losses(i, res.f0, res.value, y)
         setup.setup_grads = None   # a model's worth of memory: not needed past batch 0
         results.append(res)
         if setup.blocks and measure.christoffel is True and res.best:
@@ -583,6 +552,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
             if share:
                 shares.append(share)
     _warn_large_correction(ratios, rho)
+    _warn_saturated([r.value for r in results], [r.f0 for r in results], rho)
 
     amp_dtype = setup.loss.amp_dtype
     config = dict(measure=measure.geometry, metric=measure.metric, rho=rho, n_iters=n_iters,
@@ -596,4 +566,5 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         name=measure.name, config=config, seconds=time.perf_counter() - t_start,
         n_perturbed=setup.geometry.dimension(),
         pairs=[d for b in setup.blocks for d in b.describe()], correction_ratio=ratios,
-        solver=results, measure=measure, norm_share=_mean_shares(shares))
+        solver=results, measure=measure, norm_share=_mean_shares(shares),
+        perturbed_params=setup.perturbed, n_perturbed_params=len(setup.perturbed))

@@ -126,7 +126,8 @@ def test_mixed_sharpness_keeps_every_sign_and_is_below_the_trust_region():
     assert np.all(bp * beta >= 0)                                   # no beta_i changed sign
     assert np.linalg.norm(bp - beta) <= math.sqrt(2) * rho * (1 + 1e-9)
     assert val == pytest.approx(prob.loss(bp) - prob.loss(beta), rel=1e-10)
-    tr, bt = D.sharpness(prob, u, v, rho, D.Variant("geodesic_mixed", "trust_region"), return_point=True)
+    tr, bt = D.sharpness(prob, u, v, rho, D.Variant("geodesic_mixed", "trust_region"), n_iters=0,
+                         return_point=True)
     assert np.any(bt * beta < 0)                 # the plain trust region does flip signs here ...
     assert val < tr * (1 - 1e-3)                 # ... and overstates the geodesic-ball value
 
@@ -243,6 +244,76 @@ def test_bad_input():
     prob, u, v, _ = _sparse_net()
     u[0] = 0.0
     with pytest.raises(ValueError, match="u_i = 0"):
-        D.sharpness(prob, u, v, 0.1, D.Variant("geodesic_mixed", "exact"))
+        D.sharpness(prob, u, v, 0.1, D.Variant("geodesic_mixed", "exact"), n_iters=5)
     with pytest.raises(ValueError, match="rho must be > 0"):
-        D.sharpness(prob, u, v, 0.0, D.Variant("adaptive", "straight"))
+        D.sharpness(prob, u, v, 0.0, D.Variant("adaptive", "straight"), n_iters=5)
+    with pytest.raises(ValueError, match="n_starts"):
+        D.multistart(prob, u, v, 0.1, D.Variant("adaptive", "straight"), n_iters=5, n_starts=0, seed=0)
+
+
+# --------------------------------------------------------------------------- multi-start
+
+
+def _trained(seed=0, n=12, d=24):
+    prob = D.make_problem(n, d, 3, seed=seed)
+    pop = D.sample_population(3, n=n, methods={"sgd": {"batch_size": 1, "lr": {"constant": 0.25}}},
+                              lr_factor_range=[0.3, 1.0], schedules=["constant"], seed=seed)
+    tr = D.train_networks(prob, pop, stop_loss=1e-5, max_steps=50000, seed=seed + 1, progress=False)
+    assert tr["converged"].all()
+    return prob, tr["u"], tr["v"]
+
+
+@pytest.mark.parametrize("variant", [D.Variant("adaptive", "straight"), D.Variant("geodesic_invariant", "exact"),
+                                     D.Variant("geodesic_mixed", "exact"), D.Variant("geodesic_mixed", "second_order")])
+def test_first_of_the_batched_starts_is_the_library_single_start_apgd(variant):
+    from hideseek.solvers.apgd import apgd
+
+    prob, U, V = _trained()
+    X, y = torch.as_tensor(prob.X), torch.as_tensor(prob.y)
+    for k in range(2):
+        point, ball = D._setup(prob, U[k], V[k], variant)
+
+        def objective(x):
+            z = x[0].detach().requires_grad_(True)
+            r = point(z[None])[0] @ X.T - y
+            f = 0.5 * (r @ r) / prob.n
+            return f.detach(), list(torch.autograd.grad(f, z))
+
+        ref = apgd(objective, ball, 0.1, 60).value
+        st = D.multistart(prob, U[k], V[k], 0.1, variant, n_iters=60, n_starts=6, seed=k)
+        assert st.single == pytest.approx(ref, rel=1e-9) and st.value >= st.single
+        again = D.multistart(prob, U[k], V[k], 0.1, variant, n_iters=60, n_starts=6, seed=k)
+        assert np.array_equal(again.values, st.values)           # seeded: the same starts, the same values
+
+
+def test_batched_projection_equals_row_by_row():
+    rng = np.random.default_rng(3)
+    w = torch.tensor(rng.uniform(0.01, 2.0, 9))
+    ball = D.DiagonalBall(w, torch.full((9,), -0.5))
+    Z = torch.tensor(rng.normal(0, 3.0, (7, 9)))
+    rows = ball.ball([Z], 0.4)[0]
+    for i in range(7):
+        assert torch.allclose(rows[i], ball.ball([Z[i]], 0.4)[0], rtol=1e-12, atol=1e-14)
+        assert float(ball.sqnorm([rows[i]])) <= 0.16 * (1 + 1e-9) and bool((rows[i] >= -0.5).all())
+
+
+def test_best_of_starts_reaches_an_independent_multistart_maximum():
+    """Tiny mixed-metric problem (the objective is a convex quadratic in b on an ellipsoid cut by
+    b >= -1/2, so it has local maxima): SLSQP from 300 random starts is the reference."""
+    prob = D.make_problem(3, 5, 2, seed=4)
+    rng = np.random.default_rng(0)
+    u, v = rng.uniform(0.2, 1.0, 5) * rng.choice([-1, 1], 5), rng.uniform(0.2, 1.0, 5)
+    beta, rho = u * v, 0.3
+    w = 2 * beta**2
+    f = lambda b: prob.loss(beta * (1 + 2 * b)) - prob.loss(beta)
+    cons = [{"type": "ineq", "fun": lambda b: rho**2 - np.sum(w * b * b)}]
+    best = -np.inf
+    for _ in range(300):
+        b0 = rng.normal(size=5) / np.sqrt(w)
+        b0 *= rng.uniform(0, rho) / np.sqrt(np.sum(w * b0 * b0))
+        r = optimize.minimize(lambda b: -f(b), np.maximum(b0, -0.5), method="SLSQP", constraints=cons,
+                              bounds=[(-0.5, None)] * 5, options={"ftol": 1e-14, "maxiter": 500})
+        if r.success and np.sum(w * r.x**2) <= rho**2 * (1 + 1e-9):
+            best = max(best, f(r.x))
+    st = D.multistart(prob, u, v, rho, D.Variant("geodesic_mixed", "exact"), n_iters=200, n_starts=17, seed=0)
+    assert st.value == pytest.approx(best, rel=1e-6)

@@ -9,16 +9,19 @@ from companion.experiments import table1
 from companion.pipeline import run_stage
 
 TINY = {
-    "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant"},
-    "diagonal": {"n": 15, "d": 30, "kappa": 3, "seed": 0, "stop_loss": 1e-4, "max_steps": 40000,
-                 "rho": 0.1, "rhos": [0.03, 0.1], "n_iters": 10, "n_boot": 50, "convergence_factor": 2,
+    "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant",
+            "points": [[0.5, 0.5], [1.0, 1.0], [1.6, 1.1], [-0.6, 1.2], [-1.2, -1.5], [1.4, -1.4]]},
+    "diagonal": {"n": 15, "d": 30, "kappa": 3, "seed": 0, "stop_loss": 1e-4, "max_steps": 40000, "check_every": 100,
+                 "rho": 0.1, "rhos": [0.03, 0.1], "n_iters": 10, "n_starts": 3, "n_boot": 50, "convergence_factor": 2,
                  "main": {"n_nets": 6, "alpha": 0.1,
                           "methods": {"gd": {"batch_size": 15, "lr": {"constant": 1.0, "decay": 2.0}},
                                       "sgd": {"batch_size": 1, "lr": {"constant": 0.25, "decay": 0.3}}},
-                          "lr_factor_range": [0.1, 1.0], "horizon": 1000},
+                          "lr_factor_range": [0.1, 1.0], "schedules": ["constant", "decay"],
+                          "decay_fracs": [0.1, 0.3, 0.5], "decay_factor": 10.0, "horizon": 1000},
                  "alpha_sweep": {"n_nets": 4, "alpha": [0.01, 1.0],
                                  "methods": {"gd": {"batch_size": 15, "lr": {"constant": 0.2}}},
-                                 "lr_factor_range": [1.0, 1.0], "schedules": ["constant"]},
+                                 "lr_factor_range": [1.0, 1.0], "schedules": ["constant"],
+                                 "decay_fracs": [0.1], "decay_factor": 10.0, "horizon": 1000},
                  "orthogonal": {"d": 6, "rho": 1e-3}},
 }
 
@@ -54,7 +57,10 @@ def test_diagonal_notebook_and_table1(reports, tmp_path):
         for v in m[src].values():
             assert -1 <= v["tau"] <= 1
             assert -1 - 1e-12 <= v["ci_low"] <= v["ci_high"] <= 1 + 1e-12   # a percentile interval
-    assert m["table1"][0]["source"] == "exact"            # the main row comes first (DVC headline)
+    assert m["table1"][0]["source"] == "exact" and m["table1"][0]["primary"]   # the primary row first (DVC headline)
+    assert m["n_starts"] == 3 and set(m["tau_exact_single_start"]) == set(m["tau_exact"])
+    gains = {k: g["max"] for k, g in m["restart_gain"].items()}
+    assert all(g >= 0 for g in gains.values()) and "geodesic_mixed:exact" in gains   # best of starts >= start 0
     assert m["orthogonal_check"]["max_abs_rel_diff"] < 0.05
     for name in ("fig3_diagonal", "diagonal_second_order", "diagonal_tau_by_step", "diagonal_tau_vs_rho",
                  "diagonal_alpha_sweep"):
@@ -67,7 +73,7 @@ def test_diagonal_notebook_and_table1(reports, tmp_path):
     assert text.count(table1.NOT_COMPUTED) == 6                           # vision + language rows
     rows = list(csv.DictReader(csv_path.open()))
     ours = [r for r in rows if r["row"] == "diagonal" and r["source"] == "ours"]
-    assert len(ours) == 3 and all(r["profile"] == "cpu" for r in ours)
+    assert len(ours) == 4 and all(r["profile"] == "cpu" for r in ours)
     assert float(ours[0]["adaptive"]) == pytest.approx(m["tau_exact"]["adaptive"]["tau"])
     assert [r["row"] for r in rows if r["source"] == "paper"] == ["diagonal", "vision", "language"]
 

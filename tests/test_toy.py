@@ -4,9 +4,16 @@ import pytest
 import torch
 
 from companion.experiments import toy
+from companion.params import ParamsError
+from hideseek.geometry.gl import exact_geodesic_gl1
 from hideseek.reference import geodesic_rk4, pair_metric_tensor
 
 RNG = np.random.default_rng(0)
+POINTS = [(0.5, 0.5), (1.0, 1.0), (1.6, 1.1), (-0.6, 1.2), (-1.2, -1.5), (1.4, -1.4)]
+
+
+def _params(**kw):
+    return {"n_grid": 40, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant", "points": POINTS, **kw}
 PTS = [(0.7, 1.3), (-1.1, 0.4), (2.0, -0.3), (0.3, 0.25)]
 
 
@@ -14,7 +21,7 @@ PTS = [(0.7, 1.3), (-1.1, 0.4), (2.0, -0.3), (0.3, 0.25)]
 def test_euclidean_and_riemannian_gradient_norms(x, y):
     g = RNG.uniform(0.2, 2, 20) * RNG.choice([-1, 1], 20)
     h = RNG.uniform(0.2, 2, 20) * RNG.choice([-1, 1], 20)
-    f = toy.toy_fields(g, h, x=x, y=y)
+    f = toy.toy_fields(g, h, x=x, y=y, metric="invariant")
     beta, r = g * h, g * h * x - y
     np.testing.assert_allclose(f["loss"], r**2, rtol=1e-13)
     np.testing.assert_allclose(f["egrad_norm"], 2 * np.abs(r * x) * np.hypot(g, h), rtol=1e-12)
@@ -30,7 +37,7 @@ def test_riemannian_hessian_against_rk4_geodesic(g, h):
     """Hess L(xi, xi) = d^2/dt^2 L(gamma(t)) with gamma integrated by RK4 from the
     reference Christoffel symbols of the metric tensor (no closed forms)."""
     x, y = 1.3, 0.8
-    f = toy.toy_fields(np.array([g]), np.array([h]), x=x, y=y)
+    f = toy.toy_fields(np.array([g]), np.array([h]), x=x, y=y, metric="invariant")
     theta = torch.tensor([g, h], dtype=torch.float64)
     metric = lambda t: pair_metric_tensor(t, 1, 1, 1, "invariant")  # noqa: E731
     for name, vel in (("rhess_trace", [g, h]), ("rhess_vertical", [g, -h])):
@@ -48,12 +55,12 @@ def test_riemannian_hessian_against_rk4_geodesic(g, h):
 
 
 def test_level_sets_and_claims():
-    spread = toy.orbit_spread(x=1.0, y=1.0)
+    spread = toy.orbit_spread(x=1.0, y=1.0, metric="invariant")
     for k in ("loss", "rgrad_norm", "rhess_trace"):
         assert spread[k] < 1e-12, k          # functions of beta = g h alone
     for k in ("egrad_norm", "ehess_trace"):
         assert spread[k] > 0.1, k            # not constant on the loss's level sets
-    res = toy.run({"n_grid": 40, "lim": 2.0})
+    res = toy.run(_params())
     c = res["checks"]
     # on the minimum set the Riemannian trace is 4 y^2 (from Hess = 4 x beta (2 x beta - y))
     assert c["at_minimum_raw"]["loss"][1] < 1e-20
@@ -66,8 +73,8 @@ def test_level_sets_and_claims():
 def test_normalisation_and_levels_through_the_six_points():
     """Closed forms by hand: L = (g h - 1)^2 and ||grad L||_R = 2 sqrt2 |g h - 1| |g h| (x = y = 1);
     on [-2, 2]^2 both are 0 at (1, 1) and largest at the corners g h = -4 (grid includes +-2)."""
-    pts = [(0.5, 0.5), (1.0, 1.0), (1.6, 1.1), (-0.6, 1.2), (-1.2, -1.5), (1.4, -1.4)]
-    res = toy.run({"n_grid": 40, "lim": 2.0, "points": pts})
+    pts = POINTS
+    res = toy.run(_params())
     b = np.array([g * h for g, h in pts])
     loss_n = (b - 1) ** 2 / 25.0
     rgrad_n = np.abs(b - 1) * np.abs(b) / 20.0
@@ -84,12 +91,43 @@ def test_normalisation_and_levels_through_the_six_points():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="g != 0"):
-        toy.toy_fields(np.array([0.0, 1.0]), np.array([1.0, 1.0]))
+        toy.toy_fields(np.array([0.0, 1.0]), np.array([1.0, 1.0]), x=1.0, y=1.0, metric="invariant")
     with pytest.raises(ValueError, match="even"):
-        toy.run({"n_grid": 41})
+        toy.run(_params(n_grid=41))
     with pytest.raises(ValueError, match="six"):
-        toy.run({"n_grid": 40, "points": [(1.0, 1.0)]})
+        toy.run(_params(points=[(1.0, 1.0)]))
     with pytest.raises(ValueError, match="window"):
-        toy.run({"n_grid": 40, "points": [(3.0, 1.0)] * 6})
+        toy.run(_params(points=[(3.0, 1.0)] * 6))
+    with pytest.raises(ParamsError, match="missing"):
+        toy.run({"n_grid": 40})
     with pytest.raises(ValueError, match="constant"):
         toy.normalise(np.ones(3), 1.0, 1.0)
+
+
+@pytest.mark.parametrize("x,y", [(1.0, 1.0), (0.7, -1.6)])
+def test_claim_c_both_readings_by_finite_differences_along_the_exact_geodesic(x, y):
+    """At a minimum (g h x = y) the Riemannian Hessian along the unit horizontal direction is
+    d^2/dt^2 of the function along the exact geodesic (g, h) e^{t/sqrt2}: 4 y^2 for the loss,
+    2 y for the network's output f = g h x. Neither is 0 (claim (c) fails in both readings)."""
+    g = np.array([0.4, -1.3, 2.0])
+    h = y / (x * g)
+    loss = toy.toy_fields(g, h, x=x, y=y, metric="invariant")
+    net = toy.toy_fields(g, h, x=x, y=y, metric="invariant", of="network")
+    T = 1e-3
+    for k in range(g.size):
+        G, H = torch.tensor([[[g[k]]]], dtype=torch.float64), torch.tensor([[[h[k]]]], dtype=torch.float64)
+
+        def along(t, fn):
+            c = t / np.sqrt(2.0)     # unit horizontal velocity (g, h)/sqrt2: ||.||^2 = 1/2 + 1/2
+            gt, ht = exact_geodesic_gl1(G, c * G), exact_geodesic_gl1(H, c * H)
+            return fn(float(gt) * float(ht) * x)
+
+        for field, fn, closed in ((loss, lambda f: (f - y) ** 2, 4 * y**2), (net, lambda f: f, 2 * y)):
+            d2 = (along(T, fn) - 2 * along(0.0, fn) + along(-T, fn)) / T**2
+            assert field["rhess_trace"][k] == pytest.approx(d2, rel=1e-5)
+            assert field["rhess_trace"][k] == pytest.approx(closed, rel=1e-10)
+    assert np.allclose(net["ehess_trace"], 0.0)          # f = g h x has a traceless Euclidean Hessian
+    m = toy.summary_metrics(toy.run(_params(x=x, y=y)))
+    assert m["checks"]["network_at_minimum_raw"]["rhess_trace"] == pytest.approx([2 * y, 2 * y])
+    text = toy.findings(m)
+    assert f"{4 * y**2:g}" in text and f"{2 * y:g}" in text and "not 0" in text

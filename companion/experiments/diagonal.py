@@ -52,14 +52,17 @@ import torch
 from scipy import optimize
 from tqdm.auto import tqdm
 
+from companion import paper
+from companion.analysis import kendall
+from companion.params import from_mapping
 from hideseek.geometry.gl import PairGeometry
-from hideseek.solvers.apgd import apgd
+from hideseek.solvers.apgd import apgd_checkpoints
 
 MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
 STEPS = ("exact", "second_order", "straight")
 
 #: Paper, Table 1, row "Diagonal networks" (Kendall tau vs test loss).
-PAPER_TAU = {"adaptive": -0.68, "geodesic_invariant": -0.83, "geodesic_mixed": -0.86}
+PAPER_TAU = paper.table1_tau("diagonal")
 
 #: Distance kept from the end of the mixed geodesics (b_i = -1/2), relative.
 TIP_MARGIN = 1e-12
@@ -280,7 +283,8 @@ class DiagonalBall:
     """``{z : sum_i w_i z_i^2 <= rho^2, z >= lower}`` with the metric ``sum w_i z_i eta_i``.
 
     The small geometry object :func:`hideseek.solvers.apgd` works with (one tensor per
-    tangent vector). ``lower = None`` is the plain metric ball.
+    tangent vector). ``lower = None`` is the plain metric ball. Every method also takes a
+    batch of vectors ``[S, D]`` (one row per start of :func:`apgd_starts`), row by row.
     """
 
     def __init__(self, weights: torch.Tensor, lower: torch.Tensor | None = None):
@@ -296,64 +300,101 @@ class DiagonalBall:
         return [torch.zeros_like(self.w)]
 
     def sqnorm(self, x: list[torch.Tensor]) -> torch.Tensor:
-        return (self.w * x[0] ** 2).sum()
+        return (self.w * x[0] ** 2).sum(-1)
 
     def direction(self, egrad: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Unit-norm Riemannian gradient ``(g / w) / ||g / w||_w``."""
+        """Unit-norm Riemannian gradient ``(g / w) / ||g / w||_w`` (zero where the gradient is)."""
         r = egrad[0] / self.w
-        nrm = torch.sqrt((egrad[0] * r).sum())
-        return [r / nrm if float(nrm) > 0 else torch.zeros_like(r)]
+        nrm = torch.sqrt((egrad[0] * r).sum(-1, keepdim=True))
+        return [torch.where(nrm > 0, r / torch.where(nrm > 0, nrm, 1.0), 0.0)]
 
     def ball(self, x: list[torch.Tensor], rho: float, project: bool = True) -> list[torch.Tensor]:
         """Metric projection onto the set (``project`` is accepted and ignored: every
         vector here is horizontal)."""
         z = x[0]
         if self.lower is None:
-            nrm = float(torch.sqrt(self.sqnorm([z])))
-            return [z * (rho / nrm) if nrm > rho else z]
+            nrm = torch.sqrt(self.sqnorm([z])).unsqueeze(-1)
+            return [torch.where(nrm > rho, z * (rho / nrm), z)]
         y = torch.maximum(z, self.lower)
-        if float(self.sqnorm([y])) <= rho * rho:
+        inside = (self.sqnorm([y]) <= rho * rho).unsqueeze(-1)
+        if bool(inside.all()):
             return [y]
-        s = self._scale(z, rho)
-        return [torch.maximum(s * z, self.lower)]
+        return [torch.where(inside, y, torch.maximum(self._scale(z, rho) * z, self.lower))]
 
-    def _scale(self, z: torch.Tensor, rho: float) -> float:
-        """The largest ``s in (0, 1]`` with ``||max(s z, l)||_w <= rho``.
+    def _scale(self, z: torch.Tensor, rho: float) -> torch.Tensor:
+        """Per row, the largest ``s in (0, 1]`` with ``||max(s z, l)||_w <= rho`` (shape ``[..., 1]``).
 
         Coordinate i sits at its bound exactly when ``s > tau_i = l_i / z_i`` (``z_i < 0``),
         so between consecutive sorted ``tau`` the squared norm is ``s^2 F_k + C_k``
         (free part, bound part); the interval where it crosses ``rho^2`` gives ``s``.
-        Bisection is the fallback should rounding leave no interval."""
+        Bisection is the fallback for rows where rounding leaves no interval."""
         w, l = self.w, self.lower
-        tau = torch.where(z < 0, l / z.clamp(max=-torch.finfo(z.dtype).tiny), torch.full_like(z, math.inf))
-        order = torch.argsort(tau)
-        tau_s = tau[order]
-        wz2, wl2 = (w * z * z)[order], (w * l * l)[order]
-        C = torch.cat([wz2.new_zeros(1), torch.cumsum(wl2, 0)])            # bound part, first k bound
-        F = wz2.sum() - torch.cat([wz2.new_zeros(1), torch.cumsum(wz2, 0)])  # free part
-        left = torch.cat([tau_s.new_zeros(1), tau_s])
-        right = torch.cat([tau_s, tau_s.new_full((1,), math.inf)])
+        r2 = rho * rho
         with torch.no_grad():
-            s = torch.sqrt(((rho * rho - C) / F).clamp(min=0))
-            ok = (F > 0) & (C <= rho * rho) & (s >= left * (1 - 1e-12)) & (s <= right * (1 + 1e-12))
-        if bool(ok.any()):
-            cand = float(s[ok].max())
-            if float(self.sqnorm([torch.maximum(cand * z, l)])) <= rho * rho * (1 + 1e-12):
-                return min(cand, 1.0)
-        lo, hi = 0.0, 1.0                       # norm(max(s z, l)) is nondecreasing in s
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if float(self.sqnorm([torch.maximum(mid * z, l)])) <= rho * rho:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo <= 1e-15 * hi:
-                break
-        return lo
+            tau = torch.where(z < 0, l / z.clamp(max=-torch.finfo(z.dtype).tiny), math.inf)
+            tau_s, order = torch.sort(tau, dim=-1)
+            wz2 = torch.gather(w * z * z, -1, order)
+            wl2 = torch.gather((w * l * l).expand_as(z), -1, order)
+            zero = wz2.new_zeros(wz2.shape[:-1] + (1,))
+            C = torch.cat([zero, torch.cumsum(wl2, -1)], -1)                     # bound part, first k bound
+            F = wz2.sum(-1, keepdim=True) - torch.cat([zero, torch.cumsum(wz2, -1)], -1)  # free part
+            left = torch.cat([zero, tau_s], -1)
+            right = torch.cat([tau_s, torch.full_like(zero, math.inf)], -1)
+            s = torch.sqrt(((r2 - C) / F).clamp(min=0))
+            ok = (F > 0) & (C <= r2) & (s >= left * (1 - 1e-12)) & (s <= right * (1 + 1e-12))
+            cand = torch.where(ok, s, -math.inf).amax(-1, keepdim=True)
+            good = ok.any(-1, keepdim=True) & (
+                self.sqnorm([torch.maximum(cand.clamp(min=0) * z, l)]) <= r2 * (1 + 1e-12)).unsqueeze(-1)
+            if bool(good.all()):
+                return cand.clamp(max=1.0)
+            lo, hi = torch.zeros_like(zero), torch.ones_like(zero)   # norm(max(s z, l)) is nondecreasing in s
+            for _ in range(200):
+                mid = 0.5 * (lo + hi)
+                fits = (self.sqnorm([torch.maximum(mid * z, l)]) <= r2).unsqueeze(-1)
+                lo, hi = torch.where(fits, mid, lo), torch.where(fits, hi, mid)
+                if bool((hi - lo <= 1e-15 * hi).all()):
+                    break
+            return torch.where(good, cand.clamp(max=1.0), lo)
 
-    def random_direction(self, generator: torch.Generator) -> list[torch.Tensor]:
-        z = torch.randn(self.w.shape, generator=generator, dtype=self.w.dtype) / self.w.sqrt()
-        return [z / torch.sqrt(self.sqnorm([z]))]
+    def random_direction(self, generator: torch.Generator, n: int | None = None) -> list[torch.Tensor]:
+        """A direction uniform in metric-whitened coordinates, of metric norm 1 (``n`` rows when given)."""
+        shape = self.w.shape if n is None else (n,) + tuple(self.w.shape)
+        z = torch.randn(shape, generator=generator, dtype=self.w.dtype) / self.w.sqrt()
+        return [z / torch.sqrt(self.sqnorm([z])).unsqueeze(-1)]
+
+
+def apgd_starts(objective, ball: DiagonalBall, rho: float, n_iters: int, x0: torch.Tensor, *,
+                alpha: float = 0.75, rho_frac: float = 0.75) -> tuple[torch.Tensor, torch.Tensor]:
+    """Auto-PGD (:func:`hideseek.solvers.apgd`, the same schedule) from every row of ``x0``
+    (``[S, D]``, projected onto the set first) at once: each start keeps its own step size,
+    momentum, best point and checkpoint decisions; ``objective(z [S, D]) -> (f [S], egrad [S, D])``.
+    Returns the best objective value of each start and its maximiser."""
+    x = ball.ball([x0], rho)[0]
+    f, g = objective(x)
+    best_f, best_x, best_g = f.clone(), x.clone(), g.clone()
+    checkpoints = set(apgd_checkpoints(n_iters))
+    eta = torch.full_like(f, 2.0 * rho)
+    x_prev = x
+    increases, last_ckpt = torch.zeros_like(f), 0
+    eta_last, best_last = eta.clone(), best_f.clone()
+    for k in range(n_iters):
+        z = ball.ball([x + eta[:, None] * ball.direction([g])[0]], rho)[0]
+        x_new = z if k == 0 else ball.ball([(2.0 - 2.0 * alpha) * x + alpha * z - (1.0 - alpha) * x_prev], rho)[0]
+        f_new, g_new = objective(x_new)
+        increases += (f_new > f).to(f.dtype)
+        x_prev, x, f, g = x, x_new, f_new, g_new
+        better = f_new > best_f
+        best_f = torch.where(better, f_new, best_f)
+        best_x, best_g = torch.where(better[:, None], x_new, best_x), torch.where(better[:, None], g_new, best_g)
+        if (k + 1) in checkpoints:
+            stalled = increases < rho_frac * (k + 1 - last_ckpt)
+            halve = stalled | ((eta == eta_last) & (best_f == best_last))
+            eta = torch.where(halve, eta / 2.0, eta)
+            x, x_prev = torch.where(halve[:, None], best_x, x), torch.where(halve[:, None], best_x, x_prev)
+            f, g = torch.where(halve, best_f, f), torch.where(halve[:, None], best_g, g)
+            increases, last_ckpt = torch.zeros_like(f), k + 1
+            eta_last, best_last = eta.clone(), best_f.clone()
+    return best_f, best_x
 
 
 @dataclass(frozen=True)
@@ -376,6 +417,8 @@ VARIANTS = (
     Variant("geodesic_mixed", "exact"), Variant("geodesic_mixed", "second_order"),
     Variant("geodesic_mixed", "straight"), Variant("geodesic_mixed", "trust_region"),
 )
+#: The primary comparison's variants (``measure:step``).
+MAIN_VARIANTS = ("adaptive:straight", "geodesic_invariant:exact", "geodesic_mixed:exact")
 STEP_TITLES = {
     "exact": "exact geodesics (true geodesic ball)",
     "second_order": "second-order geodesic step (transformer recipe)",
@@ -384,8 +427,8 @@ STEP_TITLES = {
 }
 
 
-def _setup(problem: Problem, u: np.ndarray, v: np.ndarray, variant: Variant):
-    """(point map z -> beta', DiagonalBall) for one network and one variant."""
+def _setup(problem: Problem, u: np.ndarray, v: np.ndarray, variant: Variant, n_rows: int = 1):
+    """(point map z [S, D] -> beta' [S, d], DiagonalBall) for one network and one variant, ``n_rows`` = S."""
     if variant.step not in STEPS:
         raise ValueError(f"step must be one of {STEPS} here, got {variant.step!r}")
     U = torch.as_tensor(np.asarray(u, float)).reshape(-1, 1, 1)
@@ -393,19 +436,20 @@ def _setup(problem: Problem, u: np.ndarray, v: np.ndarray, variant: Variant):
     if bool((U == 0).any()) or bool((V == 0).any()):
         raise ValueError("a network has u_i = 0 or v_i = 0: the quotient geometry is undefined there")
     beta = (U * V).reshape(-1)
+    d = beta.numel()
     if variant.measure == "adaptive":
         if variant.step != "straight":
             raise ValueError("adaptive sharpness has straight steps only")
-        d = beta.numel()
-        return (lambda z: beta * (1 + z[:d]) * (1 + z[d:])), DiagonalBall(torch.ones(2 * d, dtype=beta.dtype))
+        return (lambda z: beta * (1 + z[..., :d]) * (1 + z[..., d:])), DiagonalBall(torch.ones(2 * d, dtype=beta.dtype))
     metric = {"geodesic_invariant": "invariant", "geodesic_mixed": "mixed"}[variant.measure]
-    geom = PairGeometry(U, V, metric=metric)
+    Us, Vs = U.repeat(n_rows, 1, 1), V.repeat(n_rows, 1, 1)   # the S starts side by side: S*d scalar pairs
+    geom = PairGeometry(Us, Vs, metric=metric)
     christoffel = {"exact": "exact", "second_order": True, "straight": False}[variant.step]
 
     def point(z):
         b = z.reshape(-1, 1, 1)
-        Gp, Hp = geom.step(U * b, V * b, christoffel=christoffel)
-        return (Gp * Hp).reshape(-1)
+        Gp, Hp = geom.step(Us * b, Vs * b, christoffel=christoffel)
+        return (Gp * Hp).reshape(n_rows, d)
 
     # ||(u b, v b)||^2 = 2 ||b||^2 (invariant), 2 sum beta_i^2 b_i^2 (mixed)
     w = torch.full_like(beta, 2.0) if metric == "invariant" else 2.0 * beta**2
@@ -415,37 +459,68 @@ def _setup(problem: Problem, u: np.ndarray, v: np.ndarray, variant: Variant):
     return point, DiagonalBall(w, lower)
 
 
-def sharpness(problem: Problem, u: np.ndarray, v: np.ndarray, rho: float, variant: Variant, *,
-              n_iters: int = 100, return_point: bool = False):
-    """Worst-case sharpness of one network by Auto-PGD (``trust_region``: exact maximum).
+@dataclass(frozen=True)
+class Starts:
+    """Sharpness of one network from every start: ``values[0]`` from ξ = 0 (the single start of the
+    paper), the others from random points of the sphere of radius ρ; ``point``: the best maximiser β'."""
 
-    Returns the value, or ``(value, beta')`` with the maximiser when ``return_point``.
-    """
+    values: np.ndarray
+    point: np.ndarray
+
+    @property
+    def value(self) -> float:
+        return float(self.values.max())
+
+    @property
+    def single(self) -> float:
+        return float(self.values[0])
+
+    @property
+    def best_start(self) -> int:
+        return int(np.argmax(self.values))
+
+
+def multistart(problem: Problem, u: np.ndarray, v: np.ndarray, rho: float, variant: Variant, *,
+               n_iters: int, n_starts: int, seed: int) -> Starts:
+    """Worst-case sharpness of one network from ``n_starts`` starts of Auto-PGD run side by side
+    (:func:`apgd_starts`): ξ = 0 and ``n_starts - 1`` random points of the sphere of radius ρ
+    (projected onto the set), drawn from ``seed``. ``trust_region``: the exact maximum (one value)."""
     if rho <= 0:
         raise ValueError(f"rho must be > 0, got {rho}")
+    if n_starts < 1:
+        raise ValueError(f"n_starts must be >= 1, got {n_starts}")
     if variant.step == "trust_region":
         if variant.measure != "geodesic_mixed":
             raise ValueError("the trust-region value exists for the mixed metric only")
         beta = np.asarray(u, float) * np.asarray(v, float)
         res = trust_region_max(problem.grad(beta), 0.5 * problem.A, math.sqrt(2.0) * rho)
-        return (res.value, beta + res.x) if return_point else res.value
-    point, ball = _setup(problem, u, v, variant)
-    X = torch.as_tensor(problem.X)
-    y = torch.as_tensor(problem.y)
-    n = problem.n
+        return Starts(np.array([res.value]), beta + res.x)
+    point, ball = _setup(problem, u, v, variant, n_starts)
+    X, y = torch.as_tensor(problem.X), torch.as_tensor(problem.y)
 
-    def objective(x):
-        z = x[0].detach().requires_grad_(True)
-        r = X @ point(z) - y
-        f = 0.5 * (r @ r) / n
-        (g,) = torch.autograd.grad(f, z)
-        return f.detach(), [g]
+    def objective(z):
+        z = z.detach().requires_grad_(True)
+        r = point(z) @ X.T - y
+        f = 0.5 * (r * r).sum(-1) / problem.n
+        (g,) = torch.autograd.grad(f.sum(), z)
+        return f.detach(), g
 
-    res = apgd(objective, ball, rho, n_iters)
-    if return_point:
-        with torch.no_grad():
-            return res.value, point(res.best[0]).numpy()
-    return res.value
+    gen = torch.Generator().manual_seed(int(seed))
+    x0 = torch.cat([torch.zeros_like(ball.w)[None], rho * ball.random_direction(gen, n_starts - 1)[0]])
+    best, arg = apgd_starts(objective, ball, rho, n_iters, x0)
+    base = objective(torch.zeros_like(x0))[0][0]
+    with torch.no_grad():
+        beta_p = point(arg)[int(torch.argmax(best))].numpy()
+    return Starts((best - base).numpy(), beta_p)
+
+
+def sharpness(problem: Problem, u: np.ndarray, v: np.ndarray, rho: float, variant: Variant, *,
+              n_iters: int, n_starts: int = 1, seed: int = 0, return_point: bool = False):
+    """Worst-case sharpness of one network: the best of ``n_starts`` Auto-PGD starts
+    (:func:`multistart`; ``trust_region``: the exact maximum). Returns the value, or
+    ``(value, beta')`` with the maximiser when ``return_point``."""
+    res = multistart(problem, u, v, rho, variant, n_iters=n_iters, n_starts=n_starts, seed=seed)
+    return (res.value, res.point) if return_point else res.value
 
 
 # =========================================================================== exact references
@@ -562,16 +637,73 @@ def orthogonal_check(*, d: int = 20, rho: float = 1e-3, n_iters: int = 100, seed
 # =========================================================================== the experiment
 
 
-def _population(problem: Problem, p: Mapping[str, Any], *, seed: int, progress: bool):
-    pop = sample_population(
-        int(p["n_nets"]), n=problem.n, methods=p["methods"], lr_factor_range=p["lr_factor_range"],
-        schedules=p.get("schedules", ("constant", "decay")), decay_fracs=p.get("decay_fracs", (0.1, 0.3, 0.5)),
-        decay_factor=float(p.get("decay_factor", 10.0)), horizon=int(p.get("horizon", 20000)),
-        alpha=p["alpha"], seed=seed)
-    tr = train_networks(problem, pop, stop_loss=float(p["stop_loss"]), max_steps=int(p["max_steps"]),
-                        seed=seed + 1, check_every=int(p.get("check_every", 100)), progress=progress)
+@dataclass(frozen=True)
+class Method:
+    """A training method: batch size (``n`` is GD) and reference step per schedule."""
+
+    batch_size: int
+    lr: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Population:
+    """A population of networks (:func:`sample_population`'s arguments)."""
+
+    n_nets: int
+    alpha: float | list[float]
+    methods: dict[str, Method]
+    lr_factor_range: list[float]
+    schedules: list[str]
+    decay_fracs: list[float]
+    decay_factor: float
+    horizon: int
+
+
+@dataclass(frozen=True)
+class Orthogonal:
+    """The closed-form check on an orthogonal design."""
+
+    d: int
+    rho: float
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``diagonal`` stage's parameters (``params.yaml`` section ``diagonal``; every key required)."""
+
+    n: int
+    d: int
+    kappa: int
+    seed: int
+    stop_loss: float
+    max_steps: int
+    check_every: int
+    rho: float                 # main radius, fixed in advance
+    rhos: list[float]          # sweep (exact steps and adaptive)
+    n_iters: int               # Auto-PGD iterations per start
+    n_starts: int              # starts per network, measure and radius: xi = 0 plus n_starts - 1 random
+    convergence_factor: int    # main row recomputed with this many times the iterations (a check)
+    n_boot: int
+    main: Population
+    alpha_sweep: Population | None
+    orthogonal: Orthogonal | None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any] | "Settings") -> "Settings":
+        if isinstance(params, cls):
+            return params
+        return from_mapping(cls, params, "params.yaml diagonal")
+
+
+def _population(problem: Problem, p: Population, s: Settings, *, seed: int, progress: bool):
     import pandas as pd
 
+    pop = sample_population(
+        p.n_nets, n=problem.n, methods={k: {"batch_size": m.batch_size, "lr": m.lr} for k, m in p.methods.items()},
+        lr_factor_range=p.lr_factor_range, schedules=p.schedules, decay_fracs=p.decay_fracs,
+        decay_factor=p.decay_factor, horizon=p.horizon, alpha=p.alpha, seed=seed)
+    tr = train_networks(problem, pop, stop_loss=s.stop_loss, max_steps=s.max_steps, seed=seed + 1,
+                        check_every=s.check_every, progress=progress)
     beta = tr["u"] * tr["v"]
     nets = pd.DataFrame({
         "net": np.arange(len(beta)), "method": pop["method"], "batch_size": pop["batch_size"],
@@ -586,50 +718,51 @@ def _population(problem: Problem, p: Mapping[str, Any], *, seed: int, progress: 
     return nets, tr["u"], tr["v"]
 
 
-def _sharpness_table(problem, nets, U, V, rhos, variants, n_iters, progress, desc):
+def start_seed(seed: int, net: int, variant: Variant, rho: float) -> int:
+    """The seed of the random starts of one (network, variant, radius)."""
+    key = [seed, net, VARIANTS.index(variant), int(round(rho * 1e9))]
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
+
+
+def _sharpness_table(problem, nets, U, V, rhos, variants, n_iters, s: Settings, progress, desc):
+    """One row per (converged network, radius, variant): the best of ``s.n_starts`` starts, the
+    single start at xi = 0, which start won and the relative gain of the best over the single."""
+    import pandas as pd
+
     rows = []
     ok = nets.net[nets.converged].to_numpy()
     it = [(k, r, var) for k in ok for r in rhos for var in variants]
     for k, r, var in tqdm(it, desc=desc, disable=not progress, leave=False, mininterval=10):
-        t = time.perf_counter()
-        val = sharpness(problem, U[k], V[k], r, var, n_iters=n_iters)
+        st = multistart(problem, U[k], V[k], r, var, n_iters=n_iters, n_starts=s.n_starts,
+                        seed=start_seed(s.seed, int(k), var, r))
         rows.append({"net": int(k), "rho": float(r), "measure": var.measure, "step": var.step,
-                     "sharpness": float(val), "seconds": time.perf_counter() - t})
-    import pandas as pd
-
+                     "sharpness": st.value, "sharpness_single": st.single, "best_start": st.best_start,
+                     "gain": (st.value - st.single) / abs(st.single) if st.single != 0 else 0.0})
     return pd.DataFrame(rows)
 
 
-def _taus(sharp, nets, n_boot, seed):
+def _taus(sharp, nets, n_boot, seed, column="sharpness"):
     import pandas as pd
-
-    from companion.experiments.correlation import kendall_tau
 
     gen = nets.set_index("net").test_loss
     out = []
     for (m, step, r), grp in sharp.groupby(["measure", "step", "rho"]):
-        s = grp.set_index("net").sharpness
-        if not np.all(np.isfinite(s.to_numpy())):
+        v = grp.set_index("net")[column]
+        if not np.all(np.isfinite(v.to_numpy())):
             out.append({"measure": m, "step": step, "rho": r, "tau": float("nan"), "ci_low": float("nan"),
-                        "ci_high": float("nan"), "pvalue": float("nan"), "n": int(s.size), "n_boot": 0})
+                        "ci_high": float("nan"), "pvalue": float("nan"), "n": int(v.size), "n_boot": 0})
             continue
-        t = kendall_tau(s.to_numpy(), gen.loc[s.index].to_numpy(), n_boot=n_boot, seed=seed)
+        t = kendall(v.to_numpy(), gen.loc[v.index].to_numpy(), n_boot=n_boot, seed=seed)
         out.append({"measure": m, "step": step, "rho": r, **t.as_dict()})
     return pd.DataFrame(out)
 
 
-def run(params: Mapping[str, Any], *, progress: bool = True, threads: int = 1) -> dict[str, Any]:
-    """Train both populations, measure every sharpness variant, correlate; plain data back.
-
-    ``params`` keys: ``n, d, kappa, seed, stop_loss, max_steps, rho`` (main radius, fixed
-    in advance), ``rhos`` (sweep), ``n_iters`` (Auto-PGD), ``n_boot``, ``convergence_factor``
-    (the main row is recomputed with this many times more iterations), ``main`` (the
-    population: ``n_nets, alpha, methods, lr_factor_range, schedules, decay_fracs,
-    decay_factor, horizon``), ``alpha_sweep`` (same keys, or absent), ``orthogonal``
-    (``d, rho`` of the closed-form check, or absent).
-    """
+def run(params: Mapping[str, Any] | Settings, *, progress: bool = True, threads: int = 1) -> dict[str, Any]:
+    """Train both populations, measure every sharpness variant from every start, correlate; plain
+    data back (``params``: the stage's resolved parameters or its :class:`Settings`)."""
     import contextlib
 
+    s = Settings.from_params(params)
     try:  # ships with scikit-learn; only a speed-up
         from threadpoolctl import threadpool_limits
         limit = threadpool_limits(limits=threads)
@@ -639,72 +772,65 @@ def run(params: Mapping[str, Any], *, progress: bool = True, threads: int = 1) -
     torch.set_num_threads(threads)
     try:
         with limit:
-            return _run(params, progress=progress)
+            return _run(s, progress=progress)
     finally:
         torch.set_num_threads(old)
 
 
-def _run(params: Mapping[str, Any], *, progress: bool = True) -> dict[str, Any]:
+def _convergence(problem, nets, U, V, sharp, s: Settings, main, progress):
+    """The main row again with ``convergence_factor`` times the iterations (same starts)."""
+    if s.convergence_factor <= 1:
+        return None
+    more = _sharpness_table(problem, nets, U, V, [s.rho], main, s.convergence_factor * s.n_iters, s,
+                            progress, "convergence")
+    base = sharp[np.isclose(sharp.rho, s.rho)].set_index(["net", "measure", "step"]).sharpness
+    more = more.set_index(["net", "measure", "step"]).sharpness
+    rel = (more - base.loc[more.index]) / base.loc[more.index].abs()
+    return {"n_iters": s.n_iters, "n_iters_more": s.convergence_factor * s.n_iters,
+            "max_rel_increase": {m: float(rel.xs(m, level="measure").max()) for m in MEASURES},
+            "median_rel_increase": {m: float(rel.xs(m, level="measure").median()) for m in MEASURES}}
+
+
+def _run(s: Settings, *, progress: bool = True) -> dict[str, Any]:
     import pandas as pd
 
-    p = dict(params)
-    seed = int(p["seed"])
     timings: dict[str, float] = {}
-    t0, c0 = time.perf_counter(), time.process_time()
-    problem = make_problem(int(p["n"]), int(p["d"]), int(p["kappa"]), seed=seed)
-    rho = float(p["rho"])
-    rhos = sorted({float(r) for r in p.get("rhos", [])} | {rho})
-    n_iters = int(p.get("n_iters", 100))
-    n_boot = int(p.get("n_boot", 2000))
-
-    nets, U, V = _population(problem, {**p, **p["main"]}, seed=seed + 1, progress=progress)
+    t0 = time.perf_counter()
+    problem = make_problem(s.n, s.d, s.kappa, seed=s.seed)
+    rhos = sorted(set(s.rhos) | {s.rho})
+    nets, U, V = _population(problem, s.main, s, seed=s.seed + 1, progress=progress)
     timings["train_s"] = time.perf_counter() - t0
     t = time.perf_counter()
     # every variant at the main radius; the exact steps (and adaptive) over the whole sweep
     main = [v for v in VARIANTS if v.step == "exact" or v.measure == "adaptive"]
     sharp = pd.concat([
-        _sharpness_table(problem, nets, U, V, [rho], VARIANTS, n_iters, progress, "sharpness"),
-        _sharpness_table(problem, nets, U, V, [r for r in rhos if r != rho], main, n_iters, progress, "rho sweep"),
+        _sharpness_table(problem, nets, U, V, [s.rho], VARIANTS, s.n_iters, s, progress, "sharpness"),
+        _sharpness_table(problem, nets, U, V, [r for r in rhos if r != s.rho], main, s.n_iters, s, progress,
+                         "rho sweep"),
     ], ignore_index=True)
     timings["sharpness_s"] = time.perf_counter() - t
-    taus = _taus(sharp, nets, n_boot, seed)
-
-    # optimiser check: the exact-step main row again with more iterations
+    taus = _taus(sharp, nets, s.n_boot, s.seed)
+    taus_single = _taus(sharp, nets, s.n_boot, s.seed, column="sharpness_single")
     t = time.perf_counter()
-    conv = None
-    cf = int(p.get("convergence_factor", 0))
-    if cf > 1:
-        more = _sharpness_table(problem, nets, U, V, [rho], main, cf * n_iters, progress, "convergence")
-        base = sharp[np.isclose(sharp.rho, rho)].set_index(["net", "measure", "step"]).sharpness
-        more = more.set_index(["net", "measure", "step"]).sharpness
-        rel = (more - base.loc[more.index]) / base.loc[more.index].abs()
-        conv = {"n_iters": n_iters, "n_iters_more": cf * n_iters,
-                "max_rel_increase": {m: float(rel.xs(m, level="measure").max()) for m in MEASURES},
-                "median_rel_increase": {m: float(rel.xs(m, level="measure").median()) for m in MEASURES}}
+    conv = _convergence(problem, nets, U, V, sharp, s, main, progress)
     timings["convergence_s"] = time.perf_counter() - t
-
-    # secondary population: initialisation-scale sweep
     sweep = None
-    if p.get("alpha_sweep"):
+    if s.alpha_sweep is not None:   # secondary population: initialisation-scale sweep
         t = time.perf_counter()
-        sp = {**p, **p["alpha_sweep"]}
-        nets_a, Ua, Va = _population(problem, sp, seed=seed + 11, progress=progress)
-        sharp_a = _sharpness_table(problem, nets_a, Ua, Va, [rho], main, n_iters, progress, "alpha sweep")
-        sweep = {"nets": nets_a, "sharpness": sharp_a, "taus": _taus(sharp_a, nets_a, n_boot, seed)}
+        nets_a, Ua, Va = _population(problem, s.alpha_sweep, s, seed=s.seed + 11, progress=progress)
+        sharp_a = _sharpness_table(problem, nets_a, Ua, Va, [s.rho], main, s.n_iters, s, progress, "alpha sweep")
+        sweep = {"nets": nets_a, "sharpness": sharp_a, "taus": _taus(sharp_a, nets_a, s.n_boot, s.seed)}
         timings["alpha_sweep_s"] = time.perf_counter() - t
-
     ortho = None
-    if p.get("orthogonal"):
+    if s.orthogonal is not None:
         t = time.perf_counter()
-        o = p["orthogonal"]
-        ortho = pd.DataFrame(orthogonal_check(d=int(o.get("d", 20)), rho=float(o.get("rho", 1e-3)),
-                                              n_iters=n_iters, seed=seed))
+        ortho = pd.DataFrame(orthogonal_check(d=s.orthogonal.d, rho=s.orthogonal.rho, n_iters=s.n_iters,
+                                              seed=s.seed))
         timings["orthogonal_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
-    timings["total_cpu_s"] = time.process_time() - c0   # this process's CPU time (the machine is shared)
     return {"problem": problem, "nets": nets, "u": U, "v": V, "sharpness": sharp, "taus": taus,
-            "convergence": conv, "alpha_sweep": sweep, "orthogonal": ortho, "timings": timings,
-            "rho": rho}
+            "taus_single": taus_single, "convergence": conv, "alpha_sweep": sweep, "orthogonal": ortho,
+            "timings": timings, "rho": s.rho, "settings": s}
 
 
 def _tau_entry(taus, step, rho):
@@ -719,44 +845,73 @@ def _tau_entry(taus, step, rho):
     return out
 
 
-def summary_metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """The stage's metrics JSON, Table 1 rows included (main row: exact geodesics)."""
-    nets, taus, rho = result["nets"], result["taus"], float(result["rho"])
-    conv = nets[nets.converged]
-    table1 = []
-    by_step = {}
+def restart_gains(sharp, rho: float) -> dict[str, dict[str, Any]]:
+    """Per ``measure:step`` at radius ``rho``: the relative gain of the best start over the single
+    start at xi = 0 (median, max, networks improved by more than 1e-6, the net with the max)."""
+    out = {}
+    at = sharp[np.isclose(sharp.rho, rho) & (sharp.step != "trust_region")]
+    for (m, st), g in at.groupby(["measure", "step"], sort=False):
+        out[f"{m}:{st}"] = {"median": float(g.gain.median()), "max": float(g.gain.max()),
+                            "n_improved": int((g.gain > 1e-6).sum()), "n": int(len(g)),
+                            "net_max": int(g.net.iloc[int(np.argmax(g.gain.to_numpy()))])}
+    return out
+
+
+def _table1(by_step, single, rho, n_models, n_starts):
+    """Table 1 lines: the primary comparison (exact geodesics, best of the starts) first, then the
+    exploratory ones (other steps, and the paper's single start at xi = 0)."""
+    lines = []
     for step in ("exact", "second_order", "straight"):
-        e = _tau_entry(taus, step, rho)
-        by_step[step] = e
+        e = by_step[step]
         if len(e) == len(MEASURES):
-            table1.append({"row": "diagonal", "variant": STEP_TITLES[step] if step != "exact"
-                           else "exact geodesics, true geodesic ball (main)", "source": step,
-                           "rho": rho, "n_models": int(len(conv)),
-                           "tau": {m: v["tau"] for m, v in e.items()},
-                           "ci": {m: [v["ci_low"], v["ci_high"]] for m, v in e.items()}})
-    tr = _tau_entry(taus, "trust_region", rho)
+            title = (f"exact geodesics, true geodesic ball, best of {n_starts} starts (primary)" if step == "exact"
+                     else f"{STEP_TITLES[step]}, best of {n_starts} starts")
+            lines.append({"row": "diagonal", "variant": title, "source": step, "rho": rho, "n_models": n_models,
+                          "primary": step == "exact", "exploratory": step != "exact", "n_starts": n_starts,
+                          "tau": {m: v["tau"] for m, v in e.items()},
+                          "ci": {m: [v["ci_low"], v["ci_high"]] for m, v in e.items()}})
+    if len(single) == len(MEASURES):
+        lines.append({"row": "diagonal", "variant": "exact geodesics, one Auto-PGD start at ξ = 0 (the paper's)",
+                      "source": "exact_single_start", "rho": rho, "n_models": n_models, "primary": False,
+                      "exploratory": True, "n_starts": 1, "tau": {m: v["tau"] for m, v in single.items()},
+                      "ci": {m: [v["ci_low"], v["ci_high"]] for m, v in single.items()}})
+    return lines
+
+
+def summary_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's metrics JSON, Table 1 lines included (primary: exact geodesics, best of the starts)."""
+    nets, taus, rho, s = result["nets"], result["taus"], float(result["rho"]), result["settings"]
+    conv = nets[nets.converged]
+    by_step = {step: _tau_entry(taus, step, rho) for step in ("exact", "second_order", "straight")}
+    single = _tau_entry(result["taus_single"], "exact", rho)
     out = {
         "setting": {
-            "n": int(params["n"]), "d": int(params["d"]), "kappa": int(params["kappa"]),
-            "n_nets": int(len(nets)), "n_converged": int(len(conv)),
+            "n": s.n, "d": s.d, "kappa": s.kappa, "n_nets": int(len(nets)), "n_converged": int(len(conv)),
             "not_converged": nets.loc[~nets.converged, ["net", "method", "schedule", "lr0", "steps",
                                                         "train_loss"]].to_dict("records"),
             "methods": sorted(set(nets.method)), "schedules": sorted(set(nets.schedule)),
             "alpha": sorted({float(a) for a in nets.alpha}),
             "lr0_range": [float(nets.lr0.min()), float(nets.lr0.max())],
-            "stop_loss": float(params["stop_loss"]), "rho": rho, "n_iters": int(params.get("n_iters", 100)),
-            "generalisation": "population test loss ||beta - beta*||^2 / 2",
+            "stop_loss": s.stop_loss, "rho": rho, "rhos": sorted(set(s.rhos) | {rho}), "n_iters": s.n_iters,
+            "n_starts": s.n_starts, "generalisation": "population test loss ||beta - beta*||^2 / 2",
         },
+        "n_starts": s.n_starts,
         "train_loss_range": [float(conv.train_loss.min()), float(conv.train_loss.max())],
         "test_loss_range": [float(conv.test_loss.min()), float(conv.test_loss.max())],
         "tau_exact": by_step["exact"],
+        "tau_exact_single_start": single,
         "tau_second_order": by_step["second_order"],
         "tau_straight": by_step["straight"],
-        "tau_trust_region_mixed": tr.get("geodesic_mixed"),
+        "tau_trust_region_mixed": _tau_entry(taus, "trust_region", rho).get("geodesic_mixed"),
+        "restart_gain": restart_gains(result["sharpness"], rho),
+        "tau_vs_rho": {m: [[float(r.rho), float(r.tau), float(r.ci_low), float(r.ci_high)]
+                           for r in taus[(taus.measure == m) & (taus.step == ("straight" if m == "adaptive"
+                                                                              else "exact"))].itertuples()]
+                       for m in MEASURES},
         "paper_tau": PAPER_TAU,
         "convergence": result["convergence"],
         "timings": {k: round(v, 2) for k, v in result["timings"].items()},
-        "table1": table1,
+        "table1": _table1(by_step, single, rho, int(len(conv)), s.n_starts),
     }
     if result.get("alpha_sweep"):
         sw = result["alpha_sweep"]
@@ -765,6 +920,7 @@ def summary_metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> dic
             "n_nets": int(len(sw["nets"])), "n_converged": int(len(sc)),
             "alpha_range": [float(sc.alpha.min()), float(sc.alpha.max())],
             "test_loss_range": [float(sc.test_loss.min()), float(sc.test_loss.max())],
+            "tau_alpha_test_loss": kendall(sc.alpha, sc.test_loss, n_boot=0, seed=s.seed).tau,
             "tau_exact": _tau_entry(sw["taus"], "exact", rho),
         }
     if result.get("orthogonal") is not None:
@@ -772,6 +928,84 @@ def summary_metrics(result: Mapping[str, Any], params: Mapping[str, Any]) -> dic
         out["orthogonal_check"] = {"max_abs_rel_diff": float(o.rel_diff.abs().max()),
                                    "rows": o.to_dict("records")}
     return _plain(out)
+
+
+def run_report(params: Mapping[str, Any] | Settings, out_dir, *, progress: bool = True) -> dict[str, Any]:
+    """The stage's one computing call: :func:`run`, then every output written under ``out_dir``:
+    ``metrics/diagonal.json`` (:func:`summary_metrics`) and ``data/{networks,sharpness,taus,
+    alpha_sweep_networks,alpha_sweep_sharpness}.csv`` and the ``plots:`` files
+    (:func:`companion.metrics.write_plot_data`; ``taus.csv``: one row per measure, step, radius
+    and ``starts`` — ``best`` of the starts or the ``single`` start at xi = 0). Returns the result of
+    :func:`run` with ``metrics`` added."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from companion.metrics import write_plot_data, write_stage_metrics
+
+    res = run(params, progress=progress)
+    res["metrics"] = summary_metrics(res)
+    out = Path(out_dir)
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    write_stage_metrics(out, "diagonal", res["metrics"])
+    res["nets"].to_csv(out / "data" / "networks.csv", index=False)
+    res["sharpness"].to_csv(out / "data" / "sharpness.csv", index=False)
+    pd.concat([res["taus"].assign(starts="best"), res["taus_single"].assign(starts="single")],
+              ignore_index=True).to_csv(out / "data" / "taus.csv", index=False)
+    main = res["taus"][[f"{m}:{st}" in MAIN_VARIANTS for m, st in zip(res["taus"].measure, res["taus"].step)]]
+    at = res["sharpness"][np.isclose(res["sharpness"].rho, res["rho"])
+                          & [f"{m}:{st}" in MAIN_VARIANTS for m, st in zip(res["sharpness"].measure,
+                                                                            res["sharpness"].step)]]
+    scatter = at.pivot(index="net", columns="measure", values="sharpness").join(
+        res["nets"].set_index("net").test_loss).reset_index()
+    write_plot_data(out / "data", main, scatter)
+    if res["alpha_sweep"] is not None:
+        res["alpha_sweep"]["nets"].to_csv(out / "data" / "alpha_sweep_networks.csv", index=False)
+        res["alpha_sweep"]["sharpness"].to_csv(out / "data" / "alpha_sweep_sharpness.csv", index=False)
+    return res
+
+
+def _ci(t: Mapping[str, Any]) -> str:
+    return f"{t['tau']:+.2f} [{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]"
+
+
+def findings(metrics: Mapping[str, Any]) -> str:
+    """The notebook's findings, in words, generated from the stage's metrics (no typed numbers)."""
+    s, best, single = metrics["setting"], metrics["tau_exact"], metrics["tau_exact_single_start"]
+    lines = [f"* **Population.** {s['n_converged']} of {s['n_nets']} networks reached the stop loss "
+             f"{s['stop_loss']:g}; test losses {metrics['test_loss_range'][0]:.2g}–{metrics['test_loss_range'][1]:.2g}."]
+    lines.append(f"* **Primary comparison (exact geodesics, ρ = {s['rho']:g} fixed in advance, best of "
+                 f"{s['n_starts']} Auto-PGD starts).** " + "; ".join(
+                     f"{m}: τ = {_ci(best[m])} (paper {PAPER_TAU[m]:+.2f}; "
+                     f"{'inside' if best[m]['ci_low'] <= PAPER_TAU[m] <= best[m]['ci_high'] else 'outside'} the interval)"
+                     for m in MEASURES) + ".")
+    lines.append("* **One start at ξ = 0 (the paper's protocol) on the same networks.** " + "; ".join(
+        f"{m}: τ = {_ci(single[m])}" for m in MEASURES) + ". Largest gain of the best start over the single one: "
+        + "; ".join(f"{k.split(':')[0]} {100 * g['max']:.2g} % (median {100 * g['median']:.2g} %, {g['n_improved']} "
+                    f"of {g['n']} networks improved)" for k, g in metrics["restart_gain"].items() if k in MAIN_VARIANTS)
+        + ".")
+    signs = {m: sorted({np.sign(t) for _, t, _, _ in metrics["tau_vs_rho"][m] if t != 0}) for m in MEASURES}
+    lines.append("* **Radius sweep (exploratory).** " + "; ".join(
+        f"{m}: τ " + ", ".join(f"{t:+.2f} at ρ = {r:g}" for r, t, _, _ in metrics["tau_vs_rho"][m])
+        + (" (the sign changes with ρ)" if len(signs[m]) > 1 else "") for m in MEASURES) + ".")
+    tr = metrics.get("tau_trust_region_mixed")
+    lines.append("* **Mixed metric, labelled alternatives (exploratory).** " + "; ".join(
+        [f"second-order step τ = {_ci(metrics['tau_second_order']['geodesic_mixed'])}",
+         f"straight steps τ = {_ci(metrics['tau_straight']['geodesic_mixed'])}"]
+        + ([f"trust region in β (ignores incompleteness) τ = {_ci(tr)}"] if tr else [])) + ".")
+    conv = metrics.get("convergence")
+    if conv:
+        lines.append(f"* **Checks.** {conv['n_iters_more']} instead of {conv['n_iters']} iterations raise no main "
+                     "value by more than " + ", ".join(f"{v:.2g} ({m})" for m, v in conv["max_rel_increase"].items())
+                     + " (relative)" + (f"; orthogonal design: Auto-PGD vs closed forms, largest relative difference "
+                                        f"{metrics['orthogonal_check']['max_abs_rel_diff']:.2g}"
+                                        if "orthogonal_check" in metrics else "") + ".")
+    if "alpha_sweep" in metrics:
+        a = metrics["alpha_sweep"]
+        lines.append(f"* **α sweep (secondary, exploratory).** τ(α, test loss) = {a['tau_alpha_test_loss']:+.2f}; "
+                     + "; ".join(f"{m} τ = {_ci(t)}" for m, t in a["tau_exact"].items()) + ".")
+    return "\n".join(lines)
 
 
 def _plain(x: Any) -> Any:

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from companion import paper
 from companion.experiments import nli_corpus as nc
 from hideseek.measures import Measure
 from hideseek.utils import resolve_device
@@ -641,15 +642,11 @@ def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
 # measuring the zoo (the ``language`` notebook stage)
 
 #: Table 1, row "MNLI" (35 BERT fine-tunes of McCoy et al. 2020).
-PAPER_TAU: dict[str, float] = {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}
+PAPER_TAU: dict[str, float] = paper.table1_tau("language")
 #: Figure 8 (mixed metric): full and without the second-order (Christoffel) step.
 #: Figure 7 (invariant metric) is described only qualitatively in the text.
-PAPER_ABLATION_TAU: dict[str, float] = {"geodesic_mixed": 0.38, "geodesic_mixed_no_christoffel": 0.24,
-                                        "geodesic_invariant": 0.28}
-PAPER_PROTOCOL: dict[str, Any] = {
-    "n_models": 35, "model": "bert-base-uncased (110M parameters), McCoy et al. (2020) fine-tunes",
-    "data": "MNLI", "n_points": 1024, "batch_size": 128, "n_iters": 20,
-}
+PAPER_ABLATION_TAU: dict[str, float] = dict(paper.LANGUAGE_ABLATION_TAU)
+PAPER_PROTOCOL: dict[str, Any] = dict(paper.LANGUAGE_PROTOCOL)
 
 #: Appendix G ablations, per metric: no-Christoffel (Riemannian norm, straight step)
 #: and Christoffel-only (adaptive norm, second-order geodesic step).

@@ -10,12 +10,18 @@ entry or a list of entries of the form::
      "tau": {"adaptive": t, "geodesic_invariant": t, "geodesic_mixed": t},
      "ci":  {"adaptive": [lo, hi], ...},   # optional, bootstrap 95 % intervals
      "rho": 0.1,                           # optional (a number or a dict per measure)
-     "n_models": 50}
+     "n_models": 50,
+     "primary": true, "exploratory": false,  # optional: the row's primary comparison / exploratory
+     "gap_reliability": g, "retest": {...}, "tau_ceiling": {...}, "power": {...}}   # optional
 
-and the pipeline adds the top-level ``"profile"``. This module reads all
+(the full layout: :mod:`companion.metrics`; the reliability keys from
+:func:`companion.metrics.reliability_fields`) and the pipeline adds the top-level ``"profile"``. This module reads all
 metrics files, lists the paper's three rows in the paper's order with the
 paper's values, our values (and intervals) beside them, the profile that
-produced them, and marks rows no stage has produced as "not computed yet".
+produced them, and marks rows no stage has produced as "not computed yet". ``table1.csv`` has
+the columns ``comparison`` (primary / exploratory), ``gap_reliability``, ``retest_<measure>``,
+``tau_ceiling_<measure>`` and ``power_<measure>`` (empty where a line lacks them); below the
+table, a sentence for every line whose ceiling on |τ| lies below the paper's |τ|.
 
 ``python -m companion.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
 writes ``table1.md`` and ``table1.csv`` (each written to a temporary file
@@ -32,24 +38,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from companion import paper
 from companion.metrics import read_metrics, table1_entries
 
-MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
+MEASURES = paper.TABLE1_MEASURES
 MEASURE_TITLES = {"adaptive": "adaptive", "geodesic_invariant": "geodesic, invariant (metric 5/9)",
                   "geodesic_mixed": "geodesic, mixed (metric 6/10)"}
 
-#: The paper's Table 1, in its order.
-PAPER_ROWS = [
-    {"row": "diagonal", "setting": "Diagonal networks (50 nets)",
-     "ours": "diagonal networks, sparse regression",
-     "paper": {"adaptive": -0.68, "geodesic_invariant": -0.83, "geodesic_mixed": -0.86}},
-    {"row": "vision", "setting": "ImageNet, CLIP ViT-B/32 fine-tunes (72 models)",
-     "ours": "vision-transformer zoo (ImageNet analogue)",
-     "paper": {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}},
-    {"row": "language", "setting": "MNLI, BERT fine-tunes (35 models)",
-     "ours": "language-transformer zoo (MNLI analogue)",
-     "paper": {"adaptive": 0.06, "geodesic_invariant": 0.28, "geodesic_mixed": 0.38}},
-]
+_OURS = {"diagonal": "diagonal networks, sparse regression",
+         "vision": "vision-transformer zoo (ImageNet analogue)",
+         "language": "language-transformer zoo (MNLI analogue)"}
+#: The paper's Table 1, in its order (values from :mod:`companion.paper`).
+PAPER_ROWS = [{"row": row, "setting": paper.TABLE1_SETTING[row], "ours": ours, "paper": paper.table1_tau(row)}
+              for row, ours in _OURS.items()]
 NOT_COMPUTED = "not computed yet"
 
 
@@ -102,60 +103,101 @@ def _spread_columns(spread: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _status(e: dict[str, Any]) -> str:
+    return "primary" if e.get("primary") else "exploratory" if e.get("exploratory") else "not declared"
+
+
+def _reliability_columns(e: dict[str, Any]) -> dict[str, Any]:
+    """``gap_reliability``, ``retest_<m>``, ``tau_ceiling_<m>``, ``power_<m>`` (empty where absent)."""
+    out: dict[str, Any] = {"gap_reliability": e.get("gap_reliability", "")}
+    for key in ("retest", "tau_ceiling", "power"):
+        vals = e.get(key) or {}
+        out.update({f"{key}_{m}": vals.get(m, "") for m in MEASURES})
+    return out
+
+
+def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: str) -> dict[str, Any]:
+    """One CSV record: the paper's line (``e`` None, values from ``row``), a line of ours, or a
+    placeholder for a row no stage produced."""
+    e = e or {}
+    tau = row["paper"] if source == "paper" else e.get("tau", {})
+    ci = e.get("ci") or {}
+    return {"row": row["row"], "setting": row["setting"] if source == "paper" else row["ours"], "source": source,
+            "variant": e.get("variant", ""), "profile": e.get("profile", ""), "stage": e.get("stage", ""),
+            "n_models": e.get("n_models", ""), "rho": _rho_str(e.get("rho")),
+            "comparison": "" if source == "paper" or not e else _status(e),
+            **{m: tau.get(m, "") for m in MEASURES},
+            **{f"{m}_ci_low": (ci.get(m) or ["", ""])[0] for m in MEASURES},
+            **{f"{m}_ci_high": (ci.get(m) or ["", ""])[1] for m in MEASURES},
+            **_spread_columns(e.get("spread") or {}), **_reliability_columns(e), "status": status}
+
+
+def _cell(e: dict[str, Any], m: str) -> str:
+    ci = (e.get("ci") or {}).get(m)
+    out = _fmt(e["tau"][m]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+    out += _spread_str((e.get("spread") or {}).get(m))
+    if m in (e.get("tau_ceiling") or {}):
+        out += f" · retest {e['retest'][m]:.2f}, ceiling {e['tau_ceiling'][m]:.2f}"
+    return out
+
+
+def ceiling_notes(row: dict[str, Any], e: dict[str, Any]) -> list[str]:
+    """Sentences for every measure of an entry whose ceiling on |τ| lies below the paper's |τ|."""
+    notes = []
+    for m, c in (e.get("tau_ceiling") or {}).items():
+        p = row["paper"].get(m)
+        if p is not None and c < abs(p):
+            power = (e.get("power") or {}).get(m)
+            notes.append(
+                f"* {row['ours']} ({e.get('variant') or _status(e)}), {MEASURE_TITLES[m]}: the gap's reliability "
+                f"{e['gap_reliability']:.2f} and the measure's test–retest τ {e['retest'][m]:.2f} cap the observable "
+                f"|τ| at {c:.2f}, below the paper's |τ| = {abs(p):.2f}; this zoo cannot show the paper's value"
+                + (f" (power at the paper's τ with {e.get('n_models')} models: {power:.2f})." if power is not None
+                   else "."))
+    return notes
+
+
 def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
-    """Markdown text and CSV records of Table 1."""
+    """Markdown text and CSV records of Table 1 (per row: the paper, then our primary comparison,
+    then the exploratory lines; reliability, retest and ceiling where a stage recorded them)."""
     entries = collect(metrics_dir)
     records: list[dict[str, Any]] = []
+    notes: list[str] = []
     lines = [
         "# Table 1: Kendall τ between sharpness and generalisation",
         "",
         "Paper values beside ours; ours with bootstrap 95 % intervals, the profile that produced "
-        "them and the radius ρ. Generalisation: test loss (diagonal networks), test error − "
-        "train error (transformer zoos). \"zoos: a / b / c (sd s)\": τ of the same measure at the "
-        "same ρ over each of the independently seeded zoos of the stability experiments (how much "
-        "of one zoo's τ is the zoo's draw).",
+        "them and the radius ρ. Generalisation: test loss (diagonal networks), the gap between "
+        "evaluation and train error (transformer zoos). Each row has one primary comparison; every "
+        "other line is exploratory (\"not declared\": a stage that has not labelled its lines yet). "
+        "\"zoos: a / b / c (sd s)\": τ of the same measure at the same ρ over independently seeded "
+        "zoos. \"retest r, ceiling c\": the measure's test–retest τ and the largest |τ| the gap's "
+        "reliability (column \"gap rel.\") and that retest allow.",
         "",
-        "| setting | source | profile | models | ρ | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " |",
-        "|---|---|---|---|---|" + "---|" * len(MEASURES),
+        "| setting | source | comparison | profile | models | ρ | gap rel. | "
+        + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(MEASURES),
     ]
     for row in PAPER_ROWS:
-        p = row["paper"]
-        lines.append(f"| {row['setting']} | paper | – | – | – | "
-                     + " | ".join(f"{p[m]:+.2f}" for m in MEASURES) + " |")
-        records.append({"row": row["row"], "setting": row["setting"], "source": "paper",
-                        "variant": "", "profile": "", "stage": "", "n_models": "", "rho": "",
-                        **{m: p[m] for m in MEASURES},
-                        **{f"{m}_ci_low": "" for m in MEASURES}, **{f"{m}_ci_high": "" for m in MEASURES},
-                        **_spread_columns({}), "status": "paper"})
-        ours = entries[row["row"]]
+        lines.append(f"| {row['setting']} | paper | – | – | – | – | – | "
+                     + " | ".join(f"{row['paper'][m]:+.2f}" for m in MEASURES) + " |")
+        records.append(_record(row, "paper", None, "paper"))
+        ours = sorted(entries[row["row"]], key=lambda e: not e.get("primary"))
         if not ours:
-            lines.append(f"| {row['ours']} | ours | – | – | – | "
+            lines.append(f"| {row['ours']} | ours | – | – | – | – | – | "
                          + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
-            records.append({"row": row["row"], "setting": row["ours"], "source": "ours", "variant": "",
-                            "profile": "", "stage": "", "n_models": "", "rho": "",
-                            **{m: "" for m in MEASURES},
-                            **{f"{m}_ci_low": "" for m in MEASURES}, **{f"{m}_ci_high": "" for m in MEASURES},
-                            **_spread_columns({}), "status": NOT_COMPUTED})
+            records.append(_record(row, "ours", None, NOT_COMPUTED))
             continue
         for e in ours:
-            cells = []
-            spread = e.get("spread") or {}
-            for m in MEASURES:
-                ci = (e.get("ci") or {}).get(m)
-                cells.append(_fmt(e["tau"][m]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
-                             + _spread_str(spread.get(m)))
             label = row["ours"] + (f" ({e['variant']})" if e.get("variant") else "")
-            lines.append(f"| {label} | ours | {e['profile']} | {e.get('n_models', '')} | "
-                         f"{_rho_str(e.get('rho'))} | " + " | ".join(cells) + " |")
-            ci = e.get("ci") or {}
-            records.append({"row": row["row"], "setting": row["ours"], "source": "ours",
-                            "variant": e.get("variant", ""), "profile": e["profile"], "stage": e["stage"],
-                            "n_models": e.get("n_models", ""), "rho": _rho_str(e.get("rho")),
-                            **{m: e["tau"][m] for m in MEASURES},
-                            **{f"{m}_ci_low": (ci.get(m) or ["", ""])[0] for m in MEASURES},
-                            **{f"{m}_ci_high": (ci.get(m) or ["", ""])[1] for m in MEASURES},
-                            **_spread_columns(spread),
-                            "status": "computed"})
+            rel = e.get("gap_reliability")
+            lines.append(f"| {label} | ours | {_status(e)} | {e['profile']} | {e.get('n_models', '')} | "
+                         f"{_rho_str(e.get('rho'))} | {'–' if rel is None else f'{rel:.2f}'} | "
+                         + " | ".join(_cell(e, m) for m in MEASURES) + " |")
+            records.append(_record(row, "ours", e, "computed"))
+            notes += ceiling_notes(row, e)
+    if notes:
+        lines += ["", "Rows that cannot show the paper's effect:", "", *notes]
     lines.append("")
     return "\n".join(lines), records
 

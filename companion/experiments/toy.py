@@ -23,11 +23,13 @@ Definitions used (at a point ``theta = (g, h)`` with ``g h != 0``):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 
+from companion.params import from_mapping
 from hideseek.geometry import PairGeometry
 
 
@@ -46,12 +48,15 @@ def toy_fields(
     g: np.ndarray,
     h: np.ndarray,
     *,
-    x: float = 1.0,
-    y: float = 1.0,
-    metric: str = "invariant",
+    x: float,
+    y: float,
+    metric: str,
+    of: str = "loss",
 ) -> dict[str, np.ndarray]:
     """All quantities of Figures 1 and 6 at the points ``(g, h)`` (arrays of one shape).
 
+    ``of="loss"``: of the loss ``L``; ``of="network"``: of the network's output ``f = g h x``
+    instead (the other reading of "the Hessian" in claim (c); the key ``loss`` then holds ``f``).
     Returns arrays of the input shape: ``loss``, ``egrad_norm``,
     ``rgrad_norm``, ``ehess_trace``, ``rhess_trace`` (quotient),
     ``rhess_vertical`` (should be 0), ``rhess_total`` (trace over an
@@ -67,11 +72,17 @@ def toy_fields(
     G = torch.tensor(g.ravel(), dtype=torch.float64).reshape(-1, 1, 1).requires_grad_(True)
     H = torch.tensor(h.ravel(), dtype=torch.float64).reshape(-1, 1, 1).requires_grad_(True)
 
-    L = loss_fn(G, H, x, y)
+    if of not in ("loss", "network"):
+        raise ValueError(f"of must be 'loss' or 'network', got {of!r}")
+    L = loss_fn(G, H, x, y) if of == "loss" else G * H * x
     gG, gH = torch.autograd.grad(L.sum(), (G, H), create_graph=True)
     # Euclidean Hessian entries (points are independent, so sums give per-point derivatives)
-    hGG, hGH = torch.autograd.grad(gG.sum(), (G, H), retain_graph=True)
-    hHG, hHH = torch.autograd.grad(gH.sum(), (G, H), retain_graph=True)
+    def second(d):   # a derivative that does not depend on a variable (f = g h x is bilinear) is 0
+        return [torch.zeros_like(v) if s is None else s
+                for s, v in zip(torch.autograd.grad(d.sum(), (G, H), retain_graph=True, allow_unused=True), (G, H))]
+
+    hGG, hGH = second(gG)
+    hHG, hHH = second(gH)
 
     geom = PairGeometry(G.detach(), H.detach(), metric=metric)
     gGd, gHd = gG.detach(), gH.detach()
@@ -107,8 +118,8 @@ def toy_fields(
     return {k: v.detach().numpy().reshape(shape) for k, v in out.items()}
 
 
-def orbit_spread(*, x: float = 1.0, y: float = 1.0, metric: str = "invariant",
-                 betas: np.ndarray | None = None, n_orbit: int = 9) -> dict[str, float]:
+def orbit_spread(*, x: float, y: float, metric: str, betas: np.ndarray | None = None,
+                 n_orbit: int = 9) -> dict[str, float]:
     """How much each field varies along the loss's level sets (the orbits ``g h = beta``).
 
     For each ``beta`` the fields are evaluated at ``n_orbit`` points
@@ -130,9 +141,6 @@ def orbit_spread(*, x: float = 1.0, y: float = 1.0, metric: str = "invariant",
     return out
 
 
-#: Six fixed points of the (g, h) plane the level sets are drawn through (the paper fixes six
-#: but does not list them; these cover both signs of beta = g h and both sides of the minimum).
-DEFAULT_POINTS = ((0.5, 0.5), (1.0, 1.0), (1.6, 1.1), (-0.6, 1.2), (-1.2, -1.5), (1.4, -1.4))
 FIELDS = ("loss", "egrad_norm", "rgrad_norm", "ehess_trace", "rhess_trace")
 
 
@@ -143,17 +151,29 @@ def normalise(z: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return (np.asarray(z) - lo) / (hi - lo)
 
 
-def run(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Fields over the window, normalised to [0, 1], level values through six fixed points,
-    and the paper's Appendix D.1 claims measured on the normalised fields.
+@dataclass(frozen=True)
+class Settings:
+    """The ``toy`` stage's parameters (``params.yaml`` section ``toy``; every key required)."""
 
-    ``params``: ``lim`` (window ``[-lim, lim]^2``), ``n_grid`` (even), ``x``, ``y``,
-    ``metric``, ``points`` (six ``[g, h]``; default :data:`DEFAULT_POINTS`).
-    """
-    lim, n = float(params.get("lim", 2.0)), int(params.get("n_grid", 200))
-    x, y = float(params.get("x", 1.0)), float(params.get("y", 1.0))
-    metric = params.get("metric", "invariant")
-    pts = np.asarray(params.get("points", DEFAULT_POINTS), float)
+    n_grid: int                     # even: g = 0 and h = 0 stay off the grid
+    lim: float                      # window [-lim, lim]^2
+    x: float
+    y: float
+    metric: str
+    points: list[tuple[float, float]]   # six fixed points (g, h) the level sets go through
+
+    @classmethod
+    def from_params(cls, params: "Mapping[str, Any] | Settings") -> "Settings":
+        return params if isinstance(params, cls) else from_mapping(cls, params, "params.yaml toy")
+
+
+def run(params: "Mapping[str, Any] | Settings") -> dict[str, Any]:
+    """Fields over the window, normalised to [0, 1], level values through six fixed points,
+    and the paper's Appendix D.1 claims measured on the normalised fields (``params``: the
+    stage's resolved parameters or its :class:`Settings`)."""
+    st = Settings.from_params(params)
+    lim, n, x, y, metric = st.lim, st.n_grid, st.x, st.y, st.metric
+    pts = np.asarray(st.points, float)
     if pts.shape != (6, 2):
         raise ValueError(f"points must be six (g, h) pairs, got shape {pts.shape}")
     if np.any(np.abs(pts) > lim) or np.any(pts == 0):
@@ -172,6 +192,7 @@ def run(params: Mapping[str, Any]) -> dict[str, Any]:
     gmin = np.concatenate([np.linspace(y / (x * lim), lim, 60), -np.linspace(y / (x * lim), lim, 60)])
     gmin = gmin[np.abs(y / (x * gmin)) <= lim]
     fmin = toy_fields(gmin, y / (x * gmin), x=x, y=y, metric=metric)
+    fnet = toy_fields(gmin, y / (x * gmin), x=x, y=y, metric=metric, of="network")
     fminn = {k: normalise(fmin[k], *rng_[k]) for k in FIELDS}
     beta = Gm * Hm
     concave = (x * beta > 0) & (x * beta < y / 2)
@@ -188,6 +209,8 @@ def run(params: Mapping[str, Any]) -> dict[str, Any]:
         },
         "at_minimum_normalised": {k: [float(fminn[k].min()), float(fminn[k].max())] for k in FIELDS},
         "at_minimum_raw": {k: [float(fmin[k].min()), float(fmin[k].max())] for k in FIELDS},
+        "network_at_minimum_raw": {k: [float(fnet[k].min()), float(fnet[k].max())]
+                                   for k in ("ehess_trace", "rhess_trace")},
         "window_range_raw": rng_,
         "ehess_trace_argmax": {"g": float(Gm[ehess_argmax]), "h": float(Hm[ehess_argmax]),
                                "loss": float(f["loss"][ehess_argmax])},
@@ -227,7 +250,8 @@ def claims(c: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         "c_riemannian_trace_zero_at_minimum": {
             "holds": bool(at["rhess_trace"][1] < 1e-8),
             "evidence": {"normalised_on_minimum_set": at["rhess_trace"],
-                         "raw_on_minimum_set": c["at_minimum_raw"]["rhess_trace"]}},
+                         "raw_on_minimum_set": c["at_minimum_raw"]["rhess_trace"],
+                         "network_hessian_raw_on_minimum_set": c["network_at_minimum_raw"]["rhess_trace"]}},
         "c_euclidean_trace_largest_at_minimum": {
             "holds": bool(e_at_min_max >= 1.0 - 1e-8),
             "evidence": {"normalised_on_minimum_set": at["ehess_trace"], "argmax": c["ehess_trace_argmax"]}},
@@ -244,3 +268,53 @@ def summary_metrics(res: Mapping[str, Any]) -> dict[str, Any]:
             "claims_evidence": {k: v["evidence"] for k, v in res["claims"].items()},
             "levels": res["levels"], "x": res["x"], "y": res["y"], "metric": res["metric"],
             "lim": res["lim"], "n_grid": int(res["g"].size)}
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.4g} %"
+
+
+def findings(m: Mapping[str, Any]) -> str:
+    """The notebook's reading of claims (a)-(d), generated from the stage's metrics (no typed numbers)."""
+    c, ev, holds = m["checks"], m["claims_evidence"], m["claims"]
+    sp, fr = c["orbit_spread"], c["fraction_riemannian_below_euclidean_normalised"]
+    word = {True: "holds", False: "does not hold"}
+    lr, nr = c["at_minimum_raw"]["rhess_trace"], c["network_at_minimum_raw"]["rhess_trace"]
+    closed = (f" (closed forms for the invariant metric: 4y² = {4 * m['y'] ** 2:g} and 2y = {2 * m['y']:g})"
+              if m["metric"] == "invariant" else "")
+    lines = [
+        f"* **(a) {word[holds['a_level_sets_follow_loss']]}.** Largest spread along a loss level set relative to the "
+        f"field's range: Riemannian gradient norm {sp['rgrad_norm']:.2g}, Riemannian trace {sp['rhess_trace']:.2g}; "
+        f"Euclidean gradient norm {sp['egrad_norm']:.2g}, Euclidean trace {sp['ehess_trace']:.2g}.",
+        f"* **(b) {word[holds['b_riemannian_smaller_throughout']]}.** After normalisation the Riemannian value is below "
+        f"the Euclidean one on {_pct(fr['grad_norm'])} of the window (gradient norm) and {_pct(fr['hess_trace'])} "
+        "(Hessian trace); before normalisation the comparison mixes units.",
+        f"* **(c), first half: the Riemannian trace is not 0 at the minimum, in either reading.** Of the loss: "
+        f"{lr[0]:.6g}–{lr[1]:.6g} on the minimum set; of the network's output f = ghx: {nr[0]:.6g}–{nr[1]:.6g}"
+        f"{closed}. Normalised to the window, the loss trace is {c['at_minimum_normalised']['rhess_trace'][1]:.2g} "
+        f"there (the window's smallest raw value is {c['window_range_raw']['rhess_trace'][0]:.3g}, where the loss is "
+        "concave along geodesics), which is why the figure shows it near the bottom of its colour scale.",
+        f"* **(c), second half {word[holds['c_euclidean_trace_largest_at_minimum']]}.** The normalised Euclidean trace "
+        f"on the minimum set spans {c['at_minimum_normalised']['ehess_trace'][0]:.2g}–"
+        f"{c['at_minimum_normalised']['ehess_trace'][1]:.2g}; it peaks at (g, h) = "
+        f"({c['ehess_trace_argmax']['g']:g}, {c['ehess_trace_argmax']['h']:g}).",
+        f"* **(d) {word[holds['d_riemannian_sign_separates_concave_region']]}.** The raw Riemannian trace is negative on "
+        f"{_pct(c['rhess_trace_negative_fraction'])} of the window, exactly where the loss is concave along geodesics "
+        f"({'yes' if c['rhess_trace_negative_iff_concave_region'] else 'no'}); the smallest raw Euclidean trace is "
+        f"{c['ehess_trace_min_raw']:.3g}, so its sign says nothing about the kind of critical structure.",
+    ]
+    return "\n".join(lines)
+
+
+def run_report(params: "Mapping[str, Any] | Settings", out_dir) -> dict[str, Any]:
+    """The stage's one computing call: :func:`run`, then ``out_dir/metrics/toy.json``
+    (:func:`summary_metrics`) written; returns the result with ``metrics`` added."""
+    from pathlib import Path
+
+    from companion.metrics import write_stage_metrics
+
+    res = run(params)
+    res["metrics"] = summary_metrics(res)
+    (Path(out_dir) / "figures").mkdir(parents=True, exist_ok=True)
+    write_stage_metrics(out_dir, "toy", res["metrics"])
+    return res

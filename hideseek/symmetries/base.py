@@ -8,7 +8,7 @@ A :class:`SymmetryBlock` owns a set of parameters *entirely*.  ``split`` turns a
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import torch
@@ -79,6 +79,9 @@ class SymmetryBlock:
     module: str
     param_names: tuple[str, ...]
     groups: tuple[PairGroup, ...]
+    #: parameters outside the block that its action would also have to move (peft LoRA
+    #: adapters on an attention block's projections); they must not be perturbed with it
+    adapters: tuple[str, ...] = ()
 
     def split(self, params: Mapping[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
         raise NotImplementedError
@@ -362,6 +365,31 @@ class AttentionBlock(SymmetryBlock):
         return pieces.assemble()
 
 
+def _drop_adapter_key(name: str) -> str:
+    """``"….lora_B.default.weight"`` → ``"….lora_B.weight"`` (peft's adapter key left out)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_") and i + 1 < len(parts) - 1:
+            return ".".join(parts[:i + 1] + parts[i + 2:])
+    return name
+
+
+def _resolve_name(short: str, names: list[str], what: str) -> str:
+    if short in names:
+        return short
+    hits = [n for n in names if n.endswith("." + short) or _drop_adapter_key(n) == short
+            or _drop_adapter_key(n).endswith("." + short)]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        near = [n for n in names if short.rsplit(".", 1)[0].split(".")[-1] in n][:3] or names[:3]
+        raise ValueError(f"{what}: no parameter named {short!r} in the model (names look like {near}); "
+                         "give a parameter name as model.named_parameters() shows it, or its unique ending")
+    raise ValueError(f"{what}: {short!r} matches {len(hits)} parameters (e.g. {hits[:2]}); give a longer, "
+                     "unique name. (peft LoRA adapters need no declaration: hideseek finds every one "
+                     "as a GL(r) pair)")
+
+
 @dataclass(repr=False, eq=False)
 class _UserPair(SymmetryBlock):
     """A pair the user declares between two named parameters ``g`` and ``h``."""
@@ -375,6 +403,18 @@ class _UserPair(SymmetryBlock):
     def __post_init__(self) -> None:
         self.module = f"{self.g}~{self.h}"
         self.param_names = (self.g, self.h)
+
+    def resolve(self, names) -> "_UserPair":
+        """This pair with ``g`` and ``h`` resolved against the model's parameter ``names``:
+        a full name, or the end of exactly one name after a dot (``"lora_B.weight"`` when
+        the model has one LoRA layer), where a peft adapter key may be left out
+        (``"q_proj.lora_B.weight"`` for ``"….q_proj.lora_B.default.weight"``)."""
+        names = list(names)
+        g, h = (_resolve_name(n, names, type(self).__name__) for n in (self.g, self.h))
+        if (g, h) == (self.g, self.h):
+            return self
+        new = replace(self, g=g, h=h)
+        return new
 
 
 @dataclass(repr=False, eq=False)

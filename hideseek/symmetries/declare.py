@@ -105,6 +105,9 @@ class AttentionSpec:
         full = _p(self.module, proj)
         if full + ".weight" in params:
             return full + ".weight", (full + ".bias" if full + ".bias" in params else None)
+        if full + ".base_layer.weight" in params:      # a peft LoRA wrapper: the pair is on its base layer
+            base = full + ".base_layer"
+            return base + ".weight", (base + ".bias" if base + ".bias" in params else None)
         if full in params:
             return full, None
         raise UnsupportedAttentionError(

@@ -20,7 +20,9 @@ a group, §12).  Supported (``docs/model_support.md`` has the full table):
   partial rotary; ``docs/maths.md`` §12):
   their query/key pairs carry the rotary subgroup (:class:`PairGroup`, ``rotary``), read from
   the model's rotary module and its ``rotate_half``, value/output pairs keep full GL;
-* anything declared by hand with :func:`~hideseek.symmetries.declare_attention`.
+* anything declared by hand with :func:`~hideseek.symmetries.declare_attention`;
+* peft LoRA adapters: one GL(r) pair per adapter and target module (:mod:`.lora`), and
+  attention whose projections are LoRA-wrapped (its pairs on the base layers).
 
 Attention whose symmetry is broken (QK-norm, scaled cosine attention, relative-key position
 embeddings, norms or gates between heads and output, learned bias keys/values) or whose layout
@@ -38,6 +40,7 @@ from torch import nn
 
 from .base import AttentionBlock, LinearRef, SymmetryBlock, UnsupportedAttentionError
 from .declare import AttentionSpec, _is_conv1d, declared_spec
+from .lora import adapter_params, base_of, lora_pairs
 
 __all__ = ["UnsupportedAttentionError", "find_symmetries"]
 
@@ -287,7 +290,7 @@ def _timm_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock:
 def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     """``c_attn`` (+ ``q_attn`` for cross-attention) and ``c_proj``: GPT-2 (Conv1D, packed
     ``[Q; K; V]``) and GPT-BigCode (Linear; multi-query ``[Q; k; v]``, else per head)."""
-    c_attn, c_proj = getattr(mod, "c_attn", None), getattr(mod, "c_proj", None)
+    c_attn, c_proj = _child(mod, "c_attn"), _child(mod, "c_proj")
     if not ((_is_conv1d(c_attn) or _linear(c_attn)) and (_is_conv1d(c_proj) or _linear(c_proj))):
         return None
     cls = type(mod).__name__
@@ -331,7 +334,7 @@ _PACKED_NAMES = ("query_key_value", "qkv_proj", "Wqkv", "qkv")
 def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     """One packed ``query_key_value``/``qkv_proj`` projection of a known class: per head
     ``[q k v]`` (GPT-NeoX, BLOOM) or ``[Q; K; V]`` with grouped keys/values (Phi-3)."""
-    packed = [c for c in _PACKED_NAMES if _linear(getattr(mod, c, None))]
+    packed = [c for c in _PACKED_NAMES if _linear(_child(mod, c))]
     if not packed:
         return None
     cls = type(mod).__name__
@@ -351,7 +354,7 @@ def _packed_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | N
     if heads is None:
         raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
     kv_heads = _num_kv_heads(mod, info.model, heads) if layout == "blocks" else heads
-    dk = getattr(mod, qkv).out_features // (heads + 2 * kv_heads)
+    dk = _child(mod, qkv).out_features // (heads + 2 * kv_heads)
     _check_qk_norm(name, mod)
     _check_norms(name, mod)
     r, pairing = _rotary(name, mod, info, dk)
@@ -364,21 +367,26 @@ _HF_QKV = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"), ("q_lin", 
 _HF_OUT = ("o_proj", "out_proj", "out_lin", "dense", "o")
 
 
+def _child(mod: nn.Module, c: str):
+    """Child ``c`` of ``mod``, through a peft LoRA wrapper (its base layer)."""
+    return base_of(getattr(mod, c, None))
+
+
 def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
     for qn, kn, vn in _HF_QKV:
-        if all(_linear(getattr(mod, c, None)) for c in (qn, kn, vn)):
+        if all(_linear(_child(mod, c)) for c in (qn, kn, vn)):
             break
     else:
         return None
     out = None
     for on in _HF_OUT:
-        if _linear(getattr(mod, on, None)):
+        if _linear(_child(mod, on)):
             out = on
             break
     root, rel = name, (lambda c: c)
     if out is None:  # BERT layout: <parent>.self.{query,key,value} + <parent>.output.dense
         parent = name.rsplit(".", 1)[0] if "." in name else ""
-        if not _linear(info.modules.get(_p(parent, "output.dense"))):
+        if not _linear(base_of(info.modules.get(_p(parent, "output.dense")))):
             raise UnsupportedAttentionError(
                 f"{name}: found {qn}/{kn}/{vn} projections but no output projection "
                 f"({'/'.join(_HF_OUT)} or a sibling output.dense)")
@@ -401,7 +409,7 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
             f"{name}: relative-key position embeddings (position_embedding_type={pet!r}) add "
             f"query·position and key·position terms with one table shared by all heads, which {_NO_GL}")
     heads = _num_heads(mod, info.model)
-    wq, wk = getattr(mod, qn).weight, getattr(mod, kn).weight
+    wq, wk = _child(mod, qn).weight, _child(mod, kn).weight
     head_dim = _int_attr([mod], ("head_dim", "attention_head_size", "key_value_proj_dim"))
     if head_dim is not None and wq.shape[0] % head_dim == 0:
         heads = wq.shape[0] // head_dim       # the module's own head width beats a shared config
@@ -417,6 +425,8 @@ def _hf_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | None:
                          k_extra=tuple(map(rel, k_extra)))
     blk = spec.bind(info.params)
     blk.module = name
+    if out == "output.dense":        # the sibling output projection's adapters (inside ones: _block_for)
+        blk.adapters = adapter_params(_p(root, out), info.modules.get(_p(root, out)))
     return blk
 
 
@@ -460,6 +470,9 @@ def _block_for(name: str, mod: nn.Module, info: _Model) -> SymmetryBlock | None:
     for adapter in (_gpt2_block, _packed_block, _hf_block):
         blk = adapter(name, mod, info)
         if blk is not None:
+            # peft LoRA layers on the block's projections: their adapters are not in the block
+            blk.adapters = tuple(blk.adapters) + tuple(
+                n for sub, m in mod.named_modules() for n in adapter_params(_p(name, sub), m))
             return blk
     return None
 
@@ -470,7 +483,8 @@ def _inside(a: str, b: str) -> bool:
 
 
 def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[SymmetryBlock]:
-    """The attention symmetry blocks of ``model``, in module order.
+    """The attention symmetry blocks of ``model``, in module order, then one
+    :class:`~hideseek.symmetries.lora.LoRAPair` per peft LoRA adapter and target module.
 
     Each block is readable (``print(block)``, ``block.describe()``): module path, kind
     (``qk`` or ``vo``), number of pairs, head width, group (``GL(h)`` or the rotary subgroup)
@@ -512,4 +526,4 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
             "cannot apply the GL(h) attention geometry to this model:\n  - " + "\n  - ".join(problems)
             + "\nPass on_unsupported='adaptive' to treat these parameters elementwise (adaptive "
             "geometry), or declare the blocks yourself (hideseek.symmetries.declare_attention).")
-    return blocks
+    return blocks + [p.bind(info.params) for p in lora_pairs(model)]
