@@ -130,9 +130,10 @@ def summarise(p: VisionPilot, meta: dict, errors: np.ndarray, frame, seconds: di
     """The pilot report's content from the trained members, their test errors and the sharpness frame."""
     import pandas as pd
 
+    from companion import paper
     from companion.experiments import vision_zoo as vz
-    from companion.experiments.vision_report import PAPER_TAU
 
+    paper_tau = paper.table1_tau("vision")
     members = vz.members_frame(meta)
     curve = reliability_curve(errors, members["train_error"].to_numpy(), p)
     ok = [c["n_test"] for c in curve if c["split_half"] >= p.target_reliability]
@@ -145,7 +146,7 @@ def summarise(p: VisionPilot, meta: dict, errors: np.ndarray, frame, seconds: di
         sub = table[table["measure"] == m.name]
         rho = choose_rho(dict(zip(sub["rho"], sub["retest"])))
         rt = float(sub.set_index("rho").loc[rho, "retest"])
-        tau = PAPER_TAU[COLUMN[m.name]]
+        tau = paper_tau[COLUMN[m.name]]
         chosen[m.name] = dict(column=COLUMN[m.name], rho=rho, retest=rt, label=m.label, paper_tau=tau,
                               tau_ceiling=analysis.ceiling(rt, rel),
                               expected_at_paper_tau=analysis.attenuated(tau, rt, rel),

@@ -26,13 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from companion import analysis
+from companion import analysis, paper
 from companion.experiments import vision_zoo as vz
 from hideseek import Measure
 
 STAGE = "vision"
-#: Kendall τ of the paper's Figure 4 / Table 1 row "ImageNet" (72 CLIP ViT-B/32 fine-tunes), by Table 1 column.
-PAPER_TAU = {"adaptive": -0.41, "geodesic_invariant": -0.71, "geodesic_mixed": -0.70}
 #: Hyperparameters whose Kendall τ with the gap the report shows (exploratory).
 HP_COLUMNS = ("lr", "weight_decay", "epochs", "batch_size", "label_smoothing", "shift", "noise_std", "mixup_alpha")
 
@@ -129,25 +127,30 @@ def _split_sets(primary: pd.DataFrame, n_first: int) -> tuple[pd.DataFrame, pd.D
 
 
 def primary_table(members: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame | None, rel: float,
-                  s: VisionSettings) -> pd.DataFrame:
-    """One row per measure: the primary τ with its interval, retest, ceiling, power and the paper's τ."""
-    paper_tau = PAPER_TAU
+                  s: VisionSettings) -> tuple[pd.DataFrame, dict]:
+    """One row per measure (the primary τ with its interval, retest, ceiling, power, the paper's τ) and the
+    Table 1 reliability keys (:func:`companion.metrics.reliability_fields`; empty without retest or reliability)."""
+    from companion.metrics import reliability_fields
+
+    paper_tau = paper.table1_tau("vision")
     retest = None if second is None else analysis.retest_table(first, second, n_boot=s.n_boot, seed=s.seed) \
-        .set_index("measure")
+        .set_index("measure")["tau"]
+    fields = {}
+    if retest is not None and np.isfinite(rel) and retest.notna().all():
+        fields = reliability_fields(gap_reliability=rel, retest=retest.to_dict(), n_models=len(members),
+                                    paper_tau=paper_tau, alpha=s.power.alpha, n_sim=s.power.n_sim, seed=s.power.seed)
     rows = []
     for k in s.measures:
         v = first[first["measure"] == k].set_index("model")["value"].loc[members.index]
         t = analysis.kendall(v.to_numpy(), members["gap"].to_numpy(), n_boot=s.n_boot, seed=s.seed)
-        rt = float("nan") if retest is None else float(retest.loc[k, "tau"])
-        ok = np.isfinite(rt) and np.isfinite(rel)
+        rt = float("nan") if retest is None else float(retest[k])
         rows.append(dict(
             measure=k, name=s.measures[k].name, rho=s.rho[k], tau=t.tau, ci_low=t.lo, ci_high=t.hi, pvalue=t.pvalue,
             n=t.n, retest=rt, gap_reliability=rel, paper_tau=paper_tau[k],
-            tau_ceiling=analysis.ceiling(rt, rel) if ok else float("nan"),
-            expected_at_paper_tau=analysis.attenuated(paper_tau[k], rt, rel) if ok else float("nan"),
-            power=analysis.power(t.n, paper_tau[k], rt, rel, alpha=s.power.alpha, n_sim=s.power.n_sim,
-                                 seed=s.power.seed) if ok else float("nan")))
-    return pd.DataFrame(rows)
+            tau_ceiling=fields["tau_ceiling"][k] if fields else float("nan"),
+            expected_at_paper_tau=analysis.attenuated(paper_tau[k], rt, rel) if fields else float("nan"),
+            power=fields["power"][k] if fields else float("nan")))
+    return pd.DataFrame(rows), fields
 
 
 def reliability_curve(errors: np.ndarray | None, train_error: np.ndarray, s: VisionSettings) -> pd.DataFrame:
@@ -162,9 +165,9 @@ def reliability_curve(errors: np.ndarray | None, train_error: np.ndarray, s: Vis
     return pd.DataFrame(rows)
 
 
-def findings(primary: pd.DataFrame, rel: float, n_test: int, labels: dict[str, str], n_failed: int,
-             max_train_error: float) -> list[str]:
-    """The notebook's findings, every number from the tables."""
+def finding_lines(primary: pd.DataFrame, rel: float, n_test: int, labels: dict[str, str], n_failed: int,
+                  max_train_error: float) -> list[str]:
+    """The findings sentences (also in the metrics file), every number from the tables."""
     n = int(primary["n"].iloc[0])
     out = [f"Primary comparison (pre-registered ρ, all {n} members, gap = test error − train error on a shared "
            f"test set of {n_test} images; gap reliability {rel:.2f}):"]
@@ -180,18 +183,17 @@ def findings(primary: pd.DataFrame, rel: float, n_test: int, labels: dict[str, s
     return out
 
 
-def report_metrics(primary: pd.DataFrame, members: pd.DataFrame, curve: pd.DataFrame, rel_curve: pd.DataFrame,
-                   meta: dict, s: VisionSettings, lines: list[str]) -> dict:
+def report_metrics(primary: pd.DataFrame, fields: dict, members: pd.DataFrame, curve: pd.DataFrame,
+                   rel_curve: pd.DataFrame, meta: dict, s: VisionSettings, lines: list[str]) -> dict:
     """The stage's metrics (layout: :mod:`companion.metrics`; Table 1 entry per the issue-16 contract)."""
     p = primary.set_index("measure")
     col = lambda c: {k: float(p.loc[k, c]) for k in p.index}  # noqa: E731
     gap = members["gap"]
     entry = dict(row="vision", variant="primary: pre-registered ρ, all members", primary=True, exploratory=False,
                  tau=col("tau"), ci={k: [float(p.loc[k, "ci_low"]), float(p.loc[k, "ci_high"])] for k in p.index},
-                 rho=col("rho"), n_models=int(len(members)), gap_reliability=float(p["gap_reliability"].iloc[0]),
-                 retest=col("retest"), tau_ceiling=col("tau_ceiling"), power=col("power"))
+                 rho=col("rho"), n_models=int(len(members))) | fields
     return {
-        "table1_row": "ImageNet", "table1": [entry], "paper_tau": dict(PAPER_TAU),
+        "table1_row": "ImageNet", "table1": [entry], "paper_tau": paper.table1_tau("vision"),
         "setting": (f"model-soups CLIP zoo ({len(members)} ViT-B/32 fine-tunes on ImageNet)"
                     if meta["kind"] == "clip_soups" else f"glyph ViT zoo ({len(members)} open_clip ViTs)"),
         "primary": primary.to_dict("records"), "findings": lines,
@@ -212,6 +214,11 @@ def report_metrics(primary: pd.DataFrame, members: pd.DataFrame, curve: pd.DataF
     }
 
 
+def findings(rep: VisionReport) -> str:
+    """The findings as a markdown list (the notebook displays it)."""
+    return "\n".join("- " + line for line in rep.findings)
+
+
 def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: bool = True) -> VisionReport:
     """Measure, analyse and write every output of the ``vision`` stage (see the module docstring).
 
@@ -229,7 +236,7 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     errors = vz.test_errors(s.zoo_dir, meta) if meta["kind"] == "vision" else None
     rel_curve = reliability_curve(errors, members["train_error"].to_numpy(), s)
     rel = float(rel_curve["split_half"].iloc[-1]) if len(rel_curve) else float("nan")
-    primary = primary_table(members, first, second, rel, s)
+    primary, fields = primary_table(members, first, second, rel, s)
     labels = {k: m.label for k, m in s.measures.items()}
     curve = analysis.tau_curve(pd.concat([first, explore]) if explore is not None else first,
                                members["gap"], n_boot=s.n_boot, seed=s.seed)
@@ -240,9 +247,9 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
                if meta["kind"] == "vision" else None)
     members = members.assign(did_not_fit=members["train_error"] > s.max_train_error)
     n_failed = int(members["did_not_fit"].sum())
-    lines = findings(primary, rel, int(meta["n_test"]) if "n_test" in meta else 0, labels, n_failed,
+    lines = finding_lines(primary, rel, int(meta["n_test"]) if "n_test" in meta else 0, labels, n_failed,
                      s.max_train_error)
-    metrics = report_metrics(primary, members, curve, rel_curve, meta, s, lines)
+    metrics = report_metrics(primary, fields, members, curve, rel_curve, meta, s, lines)
     cm.write_stage_metrics(out, STAGE, metrics)
     data = out / "data"
     frames = pd.concat([primary_frame.assign(set="primary"), explore.assign(set="exploratory")]
@@ -254,6 +261,8 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     primary.to_csv(data / "primary.csv", index=False)
     curve.to_csv(data / "tau_vs_rho.csv", index=False)
     rel_curve.to_csv(data / "gap_reliability.csv", index=False)
+    cm.write_plot_data(data, curve, members[["gap"] + [f"sharpness_{k}" for k in s.measures]]
+                       .rename(columns={f"sharpness_{k}": k for k in s.measures}))
     timing = dict(sharpness=seconds, per_measure=frames.groupby("measure")["seconds"].agg(["mean", "sum"])
                   .to_dict(orient="index"))
     return VisionReport(members, primary, curve, rel_curve, between, hp_rank, labels, lines, metrics, timing)
