@@ -4,7 +4,7 @@
   tiny ImageNet tree (3 classes) with a 98 % / 2 % mask; the zoo's errors are compared
   with a forward pass written out in float64 (``test_assets_clip.reference_logits``)
   on images listed and preprocessed here, and one sharpness value of
-  ``measure_vision_zoo`` with a direct ``hideseek.sharpness`` call on directly built batches.
+  the vision stage's measurement with a direct ``hideseek.sharpness`` call on directly built batches.
 * BERT: the TensorFlow-written tiny checkpoint (tests/data/mccoy_bert_tiny) copied into
   McCoy's layout as four runs, three of them with their classifier bias changed in
   the checkpoint files themselves (tensor bytes, the entry's CRC32C and the index
@@ -151,20 +151,29 @@ def test_clip_zoo_checks_the_architecture_it_is_told_to_expect(clip_assets, tmp_
     assert not (tmp_path / "zoo.json").exists()
 
 
-def test_measure_vision_zoo_runs_on_the_clip_zoo_and_matches_a_direct_call(clip_assets):
+def _vision_params(a, **kw):
+    return dict(zoo_dir=str(a["zoo_dir"]), n_images=4, batch_size=2, data_seed=1, n_iters=1, seed=0,
+                measures={"adaptive": "m_apgd_l2", "geodesic_invariant": "geodesic_invariant",
+                          "geodesic_mixed": "geodesic_mixed"},
+                rho={"adaptive": 0.1, "geodesic_invariant": 0.01, "geodesic_mixed": 0.01},
+                exploratory_rho={"adaptive": [0.1], "geodesic_invariant": [0.01], "geodesic_mixed": [0.01]},
+                retest=False, max_train_error=0.5, n_boot=20, n_splits=10, power={"alpha": 0.05, "n_sim": 50, "seed": 0},
+                workers=1, threads=1, device="cpu") | kw
+
+
+def test_vision_stage_measures_the_clip_zoo_as_a_direct_call(clip_assets):
+    from companion.experiments import vision_report as vr
     from companion.experiments import vision_zoo as vz
 
     a = clip_assets
     meta, loaders = vz.load_zoo(a["zoo_dir"], device="cpu")
     assert [n for n, _ in loaders] == [f"model_{i}" for i in range(N_CLIP)]
-    params = dict(zoo_dir=str(a["zoo_dir"]), n_images=4, batch_size=2, data_seed=1, n_iters=1,
-                  rho_grid={"adaptive": [0.1], "geodesic_invariant": [0.01], "geodesic_mixed": [0.01]},
-                  seed=0, split_seed=0, n_boot=20, criterion="abs", threads=1, device="cpu")
-    res = vz.measure_vision_zoo(params, progress=False)
-    assert len(res.frame) == N_CLIP * 3 and np.isfinite(res.frame["value"]).all()
-    assert res.protocol["n_parameters"] == meta["n_parameters"] and res.protocol["n_batches"] == 2
-    assert list(res.members.index) == [f"model_{i}" for i in range(N_CLIP)]
-    assert set(res.table["measure"]) == {"adaptive", "geodesic_invariant", "geodesic_mixed"}
+    s = vr.load_settings("paper", _vision_params(a))
+    meta, frame, explore, _ = vr.measure_members(s, progress=False)
+    assert explore is None and len(frame) == N_CLIP * 3 and np.isfinite(frame["value"]).all()
+    assert frame["per_batch"].map(len).eq(2).all()
+    with pytest.raises(ValueError, match="retest"):
+        vr.measure_members(vr.load_settings("paper", _vision_params(a, retest=True)), progress=False)
 
     # the same number from the checkpoint and the images, without the zoo
     idx = ImageNetAssets(a["root"], image_size=CLIP["image_size"], manifest=a["manifest"]).sharpness_indices(4, seed=1)
@@ -173,11 +182,11 @@ def test_measure_vision_zoo_runs_on_the_clip_zoo_and_matches_a_direct_call(clip_
     y = torch.tensor([a["files"]["train"][j][1] for j in idx])
     batches = [(x[:2], y[:2]), (x[2:], y[2:])]
     model = load_clip_finetune(a["root"] / "clip_soups" / "model_2.pt", expect=None, num_classes=3)
-    for measure, kw, rho in (("adaptive", dict(measure="adaptive", p="l2"), 0.1),
-                             ("geodesic_mixed", dict(measure="geodesic", metric="mixed"), 0.01)):
+    for measure, m, rho in (("adaptive", hs.Measure(geometry="adaptive", p="l2"), 0.1),
+                            ("geodesic_mixed", hs.Measure(metric="mixed"), 0.01)):
         torch.manual_seed(0)
-        direct = hs.sharpness(model, batches, rho=rho, n_iters=1, seed=0, progress=False, **kw).value
-        ours = res.frame.set_index(["model", "measure"]).loc[("model_2", measure), "value"]
+        direct = hs.sharpness(model, batches, m, rho=rho, n_iters=1, seed=0, progress=False).value
+        ours = frame.set_index(["model", "measure"]).loc[("model_2", measure), "value"]
         assert ours == pytest.approx(direct, rel=1e-5, abs=1e-7)
 
 
@@ -186,16 +195,14 @@ def test_vision_notebook_runs_on_the_clip_zoo_with_profile_paper(clip_assets, tm
     from companion.pipeline import run_stage
 
     a = clip_assets
-    params = dict(zoo_dir=str(a["zoo_dir"]), n_images=4, batch_size=2, data_seed=0, n_iters=1, threads=1,
-                  rho_grid=dict(adaptive=[0.1], geodesic_invariant=[0.01], geodesic_mixed=[0.01]),
-                  seed=0, split_seed=0, n_boot=20, criterion="abs", device="cpu")
-    res = run_stage("vision", profile="paper", params=params, reports_dir=tmp_path / "reports", progress_bar=False)
+    res = run_stage("vision", profile="paper", params=_vision_params(a, data_seed=0), reports_dir=tmp_path / "reports",
+                    progress_bar=False)
     metrics = json.loads(res.metrics.read_text())
     assert metrics["profile"] == "paper" and metrics["setting"].startswith("model-soups CLIP zoo (6 ")
-    assert metrics["zoo"]["n_models"] == N_CLIP and metrics["zoo"]["pretrain_test_error"] is None
+    assert metrics["zoo"]["n_models"] == N_CLIP and metrics["gap_reliability"] == []
     members = {m["name"]: m for m in a["meta"]["members"]}
     assert metrics["zoo"]["gap_max"] == pytest.approx(max(m["gap"] for m in members.values()))
-    assert {"fig4_vision.png", "vision_zoo.png"} <= {p.name for p in res.figures}
+    assert {"fig4_vision.png", "vision_tau_vs_rho.png"} <= {p.name for p in res.figures}
 
 
 def _run(args, **kw):

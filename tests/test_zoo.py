@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 import hideseek as hs
-from companion.experiments.vision_zoo import DigitsViT
+from companion.experiments.vision_zoo import GlyphViT, ViTConfig
 from companion.experiments.zoo import (STANDARD_MEASURES, measure_zoo, per_batch_halves, retest_taus,
                                       split_half_taus, tau_vs_rho, value_table)
 
@@ -19,7 +19,7 @@ TINY = dict(width=8, layers=1, heads=2, patch_size=4, mlp_ratio=2.0, embed_dim=8
 
 def tiny_model(seed):
     torch.manual_seed(seed)
-    return DigitsViT(**TINY).double().eval()
+    return GlyphViT(ViTConfig(**TINY), 8, 10).double().eval()
 
 
 def tiny_batches(n_batches=2, size=6, seed=0):
@@ -99,9 +99,9 @@ def test_workers_give_every_value_bit_for_bit(tmp_path):
     models = []
     for i in range(3):
         torch.manual_seed(10 + i)
-        m = DigitsViT(**TINY)
+        m = GlyphViT(ViTConfig(**TINY), 8, 10)
         torch.save(m.state_dict(), tmp_path / f"m{i}.pt")
-        models.append((f"m{i}", functools.partial(load_member, TINY, str(tmp_path / f"m{i}.pt"))))
+        models.append((f"m{i}", functools.partial(load_member, ViTConfig(**TINY), 8, 10, str(tmp_path / f"m{i}.pt"))))
     models.append(("module", tiny_model(7).float()))
     batches = [(x.float(), y) for x, y in tiny_batches()]
     serial = measure_zoo(models, batches, MEASURES, GRID, seed=3, n_iters=2, progress=False)

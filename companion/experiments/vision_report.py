@@ -1,175 +1,268 @@
 """The ``vision`` stage without its plots: what ``notebooks/vision.ipynb`` shows.
 
-:func:`run_report` measures the vision zoo (:func:`~companion.experiments.vision_zoo.measure_vision_zoo`),
-computes the diagnostics, and writes the stage's metrics (layout:
-:mod:`companion.metrics`) and data tables; the notebook only plots what it
-returns. Kept apart from the zoo's training code so that editing the report
-does not re-run the DVC training stage.
+:func:`run_report` measures every member of the vision zoo and writes every output of the
+stage: ``metrics/vision.json`` (layout: :mod:`companion.metrics`), ``data/*.csv`` and the
+findings text. The notebook only plots what it returns.
+
+**Primary comparison** (pre-registered in ``params.yaml`` from the pilot,
+``reports/pilots/vision.md``): Kendall τ between each of the paper's three measures, each at
+its pre-registered radius ``rho``, and the gap (test error − train error) over **all**
+members, on the first ``n_images`` training images (the paper's 2048 in batches of 256, 20
+Auto-PGD iterations). Beside it: the gap's reliability (split halves of the shared test set,
+Spearman–Brown, :func:`companion.analysis.gap_reliability`), each measure's test–retest (τ
+between its values on the first and on a second, disjoint set of ``n_images`` training
+images), the ceiling on |τ| these imply and the power at the paper's τ
+(:mod:`companion.analysis`). Everything else (τ against ρ, between measures, against the
+hyperparameters, train and test error separately) is **exploratory**.
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from companion.experiments.crossfit import crossfit_taus
-from companion.experiments.crossfit import table1_entry as crossfit_entry
-from companion.experiments.vision_zoo import PAPER_TAU, VisionResults, load_zoo, measure_stability, measure_vision_zoo
+import numpy as np
+import pandas as pd
 
+from companion import analysis, paper
+from companion.experiments import vision_zoo as vz
+from hideseek import Measure
 
-#: Hyperparameters whose Kendall tau with the gap the report shows (trained zoos only).
+STAGE = "vision"
+#: Hyperparameters whose Kendall τ with the gap the report shows (exploratory).
 HP_COLUMNS = ("lr", "weight_decay", "epochs", "batch_size", "label_smoothing", "shift", "noise_std", "mixup_alpha")
+
+
+@dataclass(frozen=True)
+class PowerSettings:
+    alpha: float
+    n_sim: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class VisionSettings:
+    """The ``vision`` section: the primary protocol (pre-registered) and the exploratory radii."""
+
+    zoo_dir: str
+    n_images: int
+    batch_size: int
+    n_iters: int
+    seed: int
+    data_seed: int                        # the paper's zoo only: which ImageNet training images
+    measures: dict[str, Measure]          # Table 1 column -> measure
+    rho: dict[str, float]                 # pre-registered radius per column
+    exploratory_rho: dict[str, list[float]]
+    retest: bool
+    max_train_error: float                # members above it are drawn as "did not fit" (kept in every τ)
+    n_boot: int
+    n_splits: int
+    power: PowerSettings
+    workers: int
+    threads: int | None
+    device: str
 
 
 @dataclass
 class VisionReport:
-    """What ``notebooks/vision.ipynb`` shows, measured and saved by :func:`run_report`."""
+    """What ``notebooks/vision.ipynb`` shows (every table also under ``out_dir/data``)."""
 
-    result: VisionResults
-    measures: list          # the three measures, in the frame's order
-    clip_soups: bool        # profile paper: the model-soups CLIP fine-tunes on ImageNet
-    hp_rank: Any            # Series: Kendall tau of each hyperparameter with the gap (None for clip_soups)
-    between: Any            # DataFrame: Kendall tau between the measures (each at its chosen rho)
-    track: Any              # DataFrame: tau of each measure with gap, test error, train error
-    n_in_pairs: int         # parameters of the first model that lie in GL(h) attention pairs
-    stability: Any          # None, or DataFrame: tau per (stability zoo, measure) at the main zoo's chosen rho
-    stability_members: Any  # None, or DataFrame: every stability-zoo member's errors and gap
-    stability_seconds: Any  # None, or dict: sharpness seconds per stability zoo and in total
-    metrics: dict           # the metrics JSON written to out_dir/metrics/vision.json
-
-
-def vision_retest(res: VisionResults):
-    """Test-retest of each measure at its chosen rho: tau between its values on the two halves of the
-    sharpness batches (disjoint images), ``None`` with a single batch."""
-    from companion.experiments.zoo import per_batch_halves, retest_taus
-
-    chosen = res.table.set_index("measure")["rho"]
-    at = res.frame[res.frame["rho"] == res.frame["measure"].map(chosen)]
-    if at["per_batch"].map(len).min() < 2:
-        return None
-    first, second = per_batch_halves(at)
-    return retest_taus(first, second, n_boot=int(res.protocol["n_boot"]), seed=int(res.protocol["split_seed"]))
+    members: pd.DataFrame      # one row per member: errors, gap, hyperparameters, sharpness at the primary rho
+    primary: pd.DataFrame      # one row per measure: rho, tau, interval, retest, ceiling, power, paper tau
+    curve: pd.DataFrame        # exploratory: tau against rho (set 1)
+    reliability: pd.DataFrame  # gap reliability against test-set size (prefixes of the test set)
+    between: pd.DataFrame      # exploratory: Kendall tau between the measures at the primary rho
+    hp_rank: pd.Series | None  # exploratory: Kendall tau of each hyperparameter with the gap
+    labels: dict[str, str]     # column -> Measure.label
+    findings: list[str]        # sentences generated from the numbers
+    metrics: dict
+    seconds: dict              # wall-clock times (sharpness in total and per measure); not in any output file
 
 
-def report_metrics(res: VisionResults, clip_soups: bool, stability=None, stability_members=None,
-                   stability_seconds=None) -> dict:
-    """The ``vision`` stage's metrics (layout: :mod:`companion.metrics`).
+def load_settings(profile: str, params: dict) -> VisionSettings:
+    """Typed settings from the notebook's resolved ``params``."""
+    return vz.settings_from_mapping(VisionSettings, STAGE, profile, params)
 
-    With ``stability`` (tau per stability zoo, :func:`measure_stability`), the whole-zoo
-    Table 1 entry carries its ``spread`` and the metrics a ``stability`` block.
-    """
-    from companion import metrics as cm
 
-    members, table, proto, meta = res.members, res.table, res.protocol, res.meta
+def _batches(meta: dict, s: VisionSettings) -> tuple[list, list | None]:
+    """The primary sharpness batches and, with ``s.retest``, the disjoint second set."""
+    if meta["kind"] == "clip_soups":  # the paper's zoo: ImageNet images of the 98 % training split
+        from companion.experiments.paper_zoos import clip_soups_sharpness_batches
+
+        if s.retest:
+            raise ValueError("vision.retest needs two disjoint image sets; the clip_soups zoo draws one "
+                             "(set retest: false in the paper profile)")
+        return clip_soups_sharpness_batches(meta, s.n_images, s.batch_size, s.data_seed), None
+    data = vz.zoo_data(meta)
+    first = vz.sharpness_batches(data, s.n_images, s.batch_size, 0)
+    return first, (vz.sharpness_batches(data, s.n_images, s.batch_size, s.n_images) if s.retest else None)
+
+
+def measure_members(s: VisionSettings, *, progress: bool) -> tuple[dict, pd.DataFrame, pd.DataFrame, float]:
+    """``(meta, primary frame, exploratory frame, seconds)``: sharpness at the pre-registered radii on
+    set 1 (+ set 2) and at the exploratory radii on set 1."""
+    from hideseek.utils import set_threads
+
+    set_threads(s.threads)
+    meta, models = vz.load_zoo(s.zoo_dir, device=s.device)
+    first, second = _batches(meta, s)
+    t0 = time.perf_counter()
+    primary = vz.measure(models, first + (second or []), s.measures, {k: [r] for k, r in s.rho.items()},
+                         seed=s.seed, n_iters=s.n_iters, workers=s.workers, progress=progress)
+    extra = {k: [r for r in s.exploratory_rho[k] if r != s.rho[k]] for k in s.measures}
+    explore = vz.measure(models, first, {k: m for k, m in s.measures.items() if extra[k]}, extra, seed=s.seed,
+                         n_iters=s.n_iters, workers=s.workers, progress=progress) if any(extra.values()) else None
+    return meta, primary, explore, time.perf_counter() - t0
+
+
+def _split_sets(primary: pd.DataFrame, n_first: int) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The primary frame's values on set 1 and (if measured) set 2, from the per-batch values."""
+    pb = primary["per_batch"].map(np.asarray)
+    first = primary.assign(value=pb.map(lambda v: float(v[:n_first].mean())))
+    if pb.map(len).min() == n_first:
+        return first, None
+    return first, primary.assign(value=pb.map(lambda v: float(v[n_first:].mean())))
+
+
+def primary_table(members: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame | None, rel: float,
+                  s: VisionSettings) -> tuple[pd.DataFrame, dict]:
+    """One row per measure (the primary τ with its interval, retest, ceiling, power, the paper's τ) and the
+    Table 1 reliability keys (:func:`companion.metrics.reliability_fields`; empty without retest or reliability)."""
+    from companion.metrics import reliability_fields
+
+    paper_tau = paper.table1_tau("vision")
+    retest = None if second is None else analysis.retest_table(first, second, n_boot=s.n_boot, seed=s.seed) \
+        .set_index("measure")["tau"]
+    fields = {}
+    if retest is not None and np.isfinite(rel) and retest.notna().all():
+        fields = reliability_fields(gap_reliability=rel, retest=retest.to_dict(), n_models=len(members),
+                                    paper_tau=paper_tau, alpha=s.power.alpha, n_sim=s.power.n_sim, seed=s.power.seed)
+    rows = []
+    for k in s.measures:
+        v = first[first["measure"] == k].set_index("model")["value"].loc[members.index]
+        t = analysis.kendall(v.to_numpy(), members["gap"].to_numpy(), n_boot=s.n_boot, seed=s.seed)
+        rt = float("nan") if retest is None else float(retest[k])
+        rows.append(dict(
+            measure=k, name=s.measures[k].name, rho=s.rho[k], tau=t.tau, ci_low=t.lo, ci_high=t.hi, pvalue=t.pvalue,
+            n=t.n, retest=rt, gap_reliability=rel, paper_tau=paper_tau[k],
+            tau_ceiling=fields["tau_ceiling"][k] if fields else float("nan"),
+            expected_at_paper_tau=analysis.attenuated(paper_tau[k], rt, rel) if fields else float("nan"),
+            power=fields["power"][k] if fields else float("nan")))
+    return pd.DataFrame(rows), fields
+
+
+def reliability_curve(errors: np.ndarray | None, train_error: np.ndarray, s: VisionSettings) -> pd.DataFrame:
+    """Gap reliability on prefixes of the test set (1/8, 1/4, 1/2, all); empty without per-example errors."""
+    if errors is None:
+        return pd.DataFrame(columns=["n_test", "split_half", "disagreement"])
+    n = errors.shape[1]
+    rows = []
+    for size in sorted({max(4, n // 8), max(4, n // 4), max(4, n // 2), n}):
+        r = analysis.gap_reliability(errors[:, :size], train_error, seed=s.seed, n_splits=s.n_splits)
+        rows.append(dict(n_test=size, split_half=r.split_half, disagreement=r.disagreement))
+    return pd.DataFrame(rows)
+
+
+def finding_lines(primary: pd.DataFrame, rel: float, n_test: int, labels: dict[str, str], n_failed: int,
+                  max_train_error: float) -> list[str]:
+    """The findings sentences (also in the metrics file), every number from the tables."""
+    n = int(primary["n"].iloc[0])
+    out = [f"Primary comparison (pre-registered ρ, all {n} members, gap = test error − train error on a shared "
+           f"test set of {n_test} images; gap reliability {rel:.2f}):"]
+    for r in primary.itertuples():
+        verdict = ("the ceiling is below the paper's |τ|, so this row cannot reproduce it"
+                   if r.tau_ceiling < abs(r.paper_tau) else
+                   f"at the paper's τ one would observe about {r.expected_at_paper_tau:+.2f} (power {r.power:.2f})")
+        out.append(f"{labels[r.measure]} at ρ = {r.rho:g}: τ = {r.tau:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}] "
+                   f"(paper {r.paper_tau:+.2f}); test–retest {r.retest:.2f}, ceiling on |τ| {r.tau_ceiling:.2f}; "
+                   f"{verdict}.")
+    out.append(f"{n_failed} of {n} members have train error above {max_train_error:g} (drawn apart in the figure, "
+               "kept in every τ).")
+    return out
+
+
+def report_metrics(primary: pd.DataFrame, fields: dict, members: pd.DataFrame, curve: pd.DataFrame,
+                   rel_curve: pd.DataFrame, meta: dict, s: VisionSettings, lines: list[str]) -> dict:
+    """The stage's metrics (layout: :mod:`companion.metrics`; Table 1 entry per the issue-16 contract)."""
+    p = primary.set_index("measure")
+    col = lambda c: {k: float(p.loc[k, c]) for k in p.index}  # noqa: E731
     gap = members["gap"]
-    retest = vision_retest(res)
-    cf = crossfit_taus(res.frame, gap, res.halves, n_boot=int(proto["n_boot"]), seed=int(proto["split_seed"]))
-    entry_all = cm.table1_entry("vision", "all models, same ρ (ρ chosen on half of them)", table, models="all")
-    extra = {}
-    if stability is not None:
-        spread = cm.tau_spread(stability)
-        entry_all["spread"] = spread
-        sm = stability_members
-        extra["stability"] = {
-            "what": ("Kendall tau over all members of each independently seeded zoo (own pre-training and "
-                     "fine-tuning seeds, same recipe), each measure at the rho chosen on the main zoo's selection half"),
-            "zoos": stability.to_dict("records"), "summary": spread,
-            "population": {z: {"n_models": int(len(g)), "train_error_min": float(g["train_error"].min()),
-                               "train_error_max": float(g["train_error"].max()),
-                               "test_error_min": float(g["test_error"].min()),
-                               "test_error_max": float(g["test_error"].max()),
-                               "gap_min": float(g["gap"].min()), "gap_max": float(g["gap"].max()),
-                               "training_seconds": float(g["zoo_training_seconds"].iloc[0])}
-                           for z, g in sm.groupby("zoo", sort=False)},
-            "seconds": stability_seconds,
-        }
+    entry = dict(row="vision", variant="primary: pre-registered ρ, all members", primary=True, exploratory=False,
+                 tau=col("tau"), ci={k: [float(p.loc[k, "ci_low"]), float(p.loc[k, "ci_high"])] for k in p.index},
+                 rho=col("rho"), n_models=int(len(members))) | fields
     return {
-        "crossfit": cf.to_dict("records"),
-        "retest": None if retest is None else {
-            "what": ("Kendall tau over the models between each measure on the first and on the second half of the "
-                     "sharpness batches (disjoint images, each half of the data), at the chosen rho"),
-            "taus": retest.to_dict("records")},
-        "table1_row": "ImageNet",
-        "setting": (f"model-soups CLIP zoo ({len(members)} ViT-B/32 fine-tunes on ImageNet)" if clip_soups
-                    else f"digits ViT zoo ({len(members)} open_clip ViTs)"),
-        "tau": cm.tau_records(table),
-        "paper_tau": PAPER_TAU,
-        "table1": [
-            cm.table1_entry("vision", f"held-out half (ρ chosen on the other {int(table['n_eval'].iloc[0])} models)",
-                            table, models="eval"),
-            entry_all,
-            crossfit_entry("vision", cf, len(members)),
-        ],
-        "protocol": {k: proto[k] for k in ("n_models", "n_images", "batch_size", "n_batches", "n_iters", "rho_grid",
-                                           "seed", "split_seed", "n_boot", "n_parameters", "model")},
-        "seconds": {"sharpness": proto["seconds"], "zoo_training": meta["seconds_total" if clip_soups else "seconds"],
-                    "per_measure": proto["seconds_per_measure"]},
+        "table1_row": "ImageNet", "table1": [entry], "paper_tau": paper.table1_tau("vision"),
+        "setting": (f"model-soups CLIP zoo ({len(members)} ViT-B/32 fine-tunes on ImageNet)"
+                    if meta["kind"] == "clip_soups" else f"glyph ViT zoo ({len(members)} open_clip ViTs)"),
+        "primary": primary.to_dict("records"), "findings": lines,
+        "gap_reliability": rel_curve.to_dict("records"),
+        "exploratory": {"what": "τ against ρ on set 1 (not pre-registered; no choice is made from it)",
+                        "tau_vs_rho": curve.to_dict("records")},
+        "protocol": dict(n_models=len(members), n_images=s.n_images, batch_size=s.batch_size, n_iters=s.n_iters,
+                         rho=s.rho, exploratory_rho=s.exploratory_rho, retest=s.retest, seed=s.seed,
+                         max_train_error=s.max_train_error,
+                         n_boot=s.n_boot, measures={k: m.to_dict() for k, m in s.measures.items()}),
         "zoo": {"n_models": len(members), "gap_min": float(gap.min()), "gap_max": float(gap.max()),
-                "gap_median": float(gap.median()), "test_error_min": float(members["test_error"].min()),
+                "gap_median": float(gap.median()), "gap_sd": float(gap.std()),
+                "test_error_min": float(members["test_error"].min()),
                 "test_error_max": float(members["test_error"].max()),
                 "train_error_min": float(members["train_error"].min()),
                 "train_error_max": float(members["train_error"].max()),
-                "pretrain_test_error": None if clip_soups else meta["pretrain"]["test_error"]},
-    } | extra
+                "n_test": int(meta["n_test"]) if "n_test" in meta else None},
+    }
 
 
-def save_report_data(res: VisionResults, out_dir: str | Path) -> None:
-    """``out_dir/data``: sharpness.csv, members.csv, taus.csv, tau_vs_rho.csv."""  # stability: run_report
-    data = Path(out_dir) / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    frame = res.frame
-    frame.assign(per_batch=frame["per_batch"].map(json.dumps), base_loss=frame["base_loss"].map(json.dumps)).to_csv(
-        data / "sharpness.csv", index=False)
-    res.members.to_csv(data / "members.csv")
-    res.table.to_csv(data / "taus.csv", index=False)
-    res.curves.to_csv(data / "tau_vs_rho.csv", index=False)
+def findings(rep: VisionReport) -> str:
+    """The findings as a markdown list (the notebook displays it)."""
+    return "\n".join("- " + line for line in rep.findings)
 
 
-def run_report(params: Mapping[str, Any], out_dir: str | Path, *, progress: bool = True) -> VisionReport:
-    """The ``vision`` stage without its plots: measure, diagnose, write metrics and data.
+def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: bool = True) -> VisionReport:
+    """Measure, analyse and write every output of the ``vision`` stage (see the module docstring).
 
-    :func:`measure_vision_zoo`, then the diagnostics (Kendall τ of the
-    hyperparameters with the gap, between the measures at their chosen ρ, and of
-    each measure with gap / test error / train error; the number of parameters in
-    GL(h) pairs), then, when ``zoo_dir/stability`` holds zoos, their tau at the chosen
-    radii (:func:`measure_stability`); ``out_dir/metrics/vision.json``
-    (:func:`report_metrics`) and ``out_dir/data/*.csv`` (:func:`save_report_data`,
-    ``stability.csv``, ``stability_members.csv``). The notebook only plots.
-    """
-    import pandas as pd
-    from scipy import stats
-
-    import hideseek as hs
+    The wall-clock times are returned (``VisionReport.seconds``, shown by the notebook) and written
+    nowhere else: no DVC output holds a timing."""
     from companion import metrics as cm
 
+    s = load_settings(profile, params)
     out = Path(out_dir)
     for sub in ("figures", "metrics", "data"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    res = measure_vision_zoo(params, progress=progress)
-    members, frame, table = res.members, res.frame, res.table
-    clip_soups = res.meta.get("kind") == "clip_soups"
-    measures = list(dict.fromkeys(frame["measure"]))
-    # the checkpoints of the model soups do not record their fine-tuning hyperparameters
-    hp_rank = None if clip_soups else \
-        members[list(HP_COLUMNS) + ["gap"]].corr(method="kendall")["gap"].drop("gap")
-    chosen = {m: frame[(frame["measure"] == m) & (frame["rho"] == table.set_index("measure").loc[m, "rho"])]
-              .set_index("model")["value"].loc[members.index] for m in measures}
-    between = pd.DataFrame({a: {b: stats.kendalltau(chosen[a], chosen[b]).statistic for b in measures} for a in measures})
-    track = pd.DataFrame({m: {q: stats.kendalltau(chosen[m], members[q]).statistic
-                          for q in ("gap", "test_error", "train_error")} for m in measures}).T
-    probe = load_zoo(params["zoo_dir"], device="cpu")[1][0][1]()  # the first model of the zoo
-    named = dict(probe.named_parameters())
-    n_in_pairs = sum(named[n].numel() for b in hs.find_symmetries(probe) for n in b.param_names)
-    stab = None if clip_soups else measure_stability(
-        params, {m: float(table.set_index("measure").loc[m, "rho"]) for m in measures}, progress=progress)
-    stability, stability_members, stability_seconds = stab if stab is not None else (None, None, None)
-    metrics = report_metrics(res, clip_soups, stability, stability_members, stability_seconds)
-    cm.write_stage_metrics(out, "vision", metrics)
-    save_report_data(res, out)
-    if stability is not None:
-        stability.to_csv(out / "data" / "stability.csv", index=False)
-        stability_members.to_csv(out / "data" / "stability_members.csv", index=False)
-    return VisionReport(result=res, measures=measures, clip_soups=clip_soups, hp_rank=hp_rank, between=between,
-                        track=track, n_in_pairs=int(n_in_pairs), stability=stability,
-                        stability_members=stability_members, stability_seconds=stability_seconds, metrics=metrics)
+    meta, primary_frame, explore, seconds = measure_members(s, progress=progress)
+    members = vz.members_frame(meta)
+    first, second = _split_sets(primary_frame, s.n_images // s.batch_size)
+    errors = vz.test_errors(s.zoo_dir, meta) if meta["kind"] == "vision" else None
+    rel_curve = reliability_curve(errors, members["train_error"].to_numpy(), s)
+    rel = float(rel_curve["split_half"].iloc[-1]) if len(rel_curve) else float("nan")
+    primary, fields = primary_table(members, first, second, rel, s)
+    labels = {k: m.label for k, m in s.measures.items()}
+    curve = analysis.tau_curve(pd.concat([first, explore]) if explore is not None else first,
+                               members["gap"], n_boot=s.n_boot, seed=s.seed)
+    at = {k: first[first["measure"] == k].set_index("model")["value"].loc[members.index] for k in s.measures}
+    members = members.assign(**{f"sharpness_{k}": v.to_numpy() for k, v in at.items()})
+    between = pd.DataFrame({a: {b: analysis.kendall(at[a], at[b], n_boot=0, seed=s.seed).tau for b in at} for a in at})
+    hp_rank = (members[list(HP_COLUMNS) + ["gap"]].corr(method="kendall")["gap"].drop("gap")
+               if meta["kind"] == "vision" else None)
+    members = members.assign(did_not_fit=members["train_error"] > s.max_train_error)
+    n_failed = int(members["did_not_fit"].sum())
+    lines = finding_lines(primary, rel, int(meta["n_test"]) if "n_test" in meta else 0, labels, n_failed,
+                     s.max_train_error)
+    metrics = report_metrics(primary, fields, members, curve, rel_curve, meta, s, lines)
+    cm.write_stage_metrics(out, STAGE, metrics)
+    data = out / "data"
+    frames = pd.concat([primary_frame.assign(set="primary"), explore.assign(set="exploratory")]
+                       if explore is not None else [primary_frame.assign(set="primary")])
+    frames.drop(columns="seconds").assign(per_batch=frames["per_batch"].map(json.dumps),
+                                          base_loss=frames["base_loss"].map(json.dumps)).to_csv(
+        data / "sharpness.csv", index=False)
+    members.to_csv(data / "members.csv")
+    primary.to_csv(data / "primary.csv", index=False)
+    curve.to_csv(data / "tau_vs_rho.csv", index=False)
+    rel_curve.to_csv(data / "gap_reliability.csv", index=False)
+    cm.write_plot_data(data, curve, members[["gap"] + [f"sharpness_{k}" for k in s.measures]]
+                       .rename(columns={f"sharpness_{k}": k for k in s.measures}))
+    timing = dict(sharpness=seconds, per_measure=frames.groupby("measure")["seconds"].agg(["mean", "sum"])
+                  .to_dict(orient="index"))
+    return VisionReport(members, primary, curve, rel_curve, between, hp_rank, labels, lines, metrics, timing)

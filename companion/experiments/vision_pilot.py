@@ -1,0 +1,242 @@
+"""Vision pilot: the test-set size and each measure's radius, chosen before the main zoo is measured.
+
+Pilot members are fine-tuned by the main zoo's recipe from the same pre-trained start but
+from another random stream (``stream="pilot"`` in :func:`.vision_zoo.member_draws`), so none
+is a member of the main zoo. On them the pilot measures, with rules fixed in ``params.yaml``
+(section ``vision_pilot``) before it ran:
+
+* **Gap reliability against test-set size.** The members' per-example errors on ``n_test``
+  test images; for every size of ``test_sizes`` (a prefix of the test set) the split-half
+  reliability of the gap across members (random halves of the images, Pearson r of the
+  members' gaps between halves, Spearman–Brown ``2r / (1 + r)``, mean over ``n_splits``
+  splits). Chosen: the smallest size whose reliability reaches ``target_reliability``.
+* **Test–retest of each measure** on two disjoint sets of ``n_images`` training images
+  (pool images ``0 .. n - 1`` and ``n .. 2n - 1``) in batches of ``batch_size``, ``n_iters``
+  Auto-PGD iterations, at every radius of ``rho_grid``: Kendall τ over the members between
+  the two sets' values. Chosen (``rho_rule: best_retest``): the radius with the largest
+  retest τ, ties (equal to 1e-9) to the smaller radius. No generalisation number enters.
+* **Power** of the primary comparison at the paper's τ for ``power.n_models`` members with
+  the chosen size's reliability and the chosen radius's retest (Monte Carlo,
+  :func:`companion.analysis.power`), with the ceiling on |τ| they imply.
+
+``python -m companion.experiments.vision_pilot`` writes ``reports/pilots/vision.json``,
+``reports/pilots/vision_sharpness.csv`` and ``reports/pilots/vision.md`` (generated from the
+JSON); ``--summarise-only`` recomputes the report from the saved members and sharpness. The
+chosen values are then written into ``params.yaml`` by hand, in their own commit. The
+statistics are :mod:`companion.analysis`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from companion import analysis
+from hideseek import Measure
+
+STAGE = "vision_pilot"
+OUT = Path("reports/pilots")
+
+#: Table 1 column of each measure's name.
+COLUMN = {"m_apgd_l2": "adaptive", "geodesic_invariant": "geodesic_invariant", "geodesic_mixed": "geodesic_mixed"}
+
+
+@dataclass(frozen=True)
+class PowerSettings:
+    n_models: int
+    alpha: float
+    n_sim: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class VisionPilot:
+    """The ``vision_pilot`` section."""
+
+    zoo_dir: str
+    n_models: int
+    n_test: int
+    test_sizes: list[int]
+    target_reliability: float
+    n_splits: int
+    n_images: int
+    batch_size: int
+    n_iters: int
+    seed: int
+    measures: list[Measure]
+    rho_grid: dict[str, list[float]]
+    rho_rule: Literal["best_retest"]
+    workers: int
+    power: PowerSettings
+
+
+def choose_rho(retest: dict[float, float]) -> float:
+    """The radius with the largest retest τ; ties (within 1e-9) go to the smaller radius."""
+    best = max(retest.values())
+    return min(r for r, t in retest.items() if t >= best - 1e-9)
+
+
+def reliability_curve(errors: np.ndarray, train_err: np.ndarray, p: VisionPilot) -> list[dict]:
+    """Gap reliability (:func:`companion.analysis.gap_reliability`) for each size of ``p.test_sizes``
+    (prefixes of the test set)."""
+    if max(p.test_sizes) > errors.shape[1]:
+        raise ValueError(f"test_sizes go up to {max(p.test_sizes)} but the pilot has {errors.shape[1]} test images")
+    out = []
+    for n in p.test_sizes:
+        r = analysis.gap_reliability(errors[:, :n], train_err, seed=p.seed, n_splits=p.n_splits)
+        out.append(dict(n_test=n, split_half=r.split_half, disagreement=r.disagreement))
+    return out
+
+
+def retest_table(frame, n_batches: int) -> list[dict]:
+    """Per (measure, rho): retest τ between the first and the second ``n_batches`` batches, and the values."""
+    rows = []
+    for (m, rho), g in frame.groupby(["measure", "rho"], sort=False):
+        pb = np.array(list(g["per_batch"]))
+        a, b = pb[:, :n_batches].mean(1), pb[:, n_batches:].mean(1)
+        t = analysis.retest(a, b, n_boot=0, seed=0)
+        rows.append(dict(measure=m, rho=float(rho), retest=t.tau, pvalue=t.pvalue,
+                         value_median=float(np.median(a)), value_min=float(a.min()), value_max=float(a.max()),
+                         base_loss_median=float(np.median([np.mean(x[:n_batches]) for x in g["base_loss"]]))))
+    return rows
+
+
+def measure_pilot(p: VisionPilot, profile: str | None, *, progress: bool):
+    """Train the pilot members and measure them on both sets: ``(meta, frame, seconds)``."""
+    from companion.experiments import vision_zoo as vz
+
+    s = vz.load_settings(profile)
+    t0 = time.perf_counter()
+    meta = vz.train_zoo(p.zoo_dir, s, stream="pilot", n_models=p.n_models, n_test=p.n_test, progress=progress)
+    t_train = time.perf_counter() - t0
+    data = vz.zoo_data(meta)
+    batches = (vz.sharpness_batches(data, p.n_images, p.batch_size, 0)
+               + vz.sharpness_batches(data, p.n_images, p.batch_size, p.n_images))
+    t1 = time.perf_counter()
+    frame = vz.measure(vz.load_zoo(p.zoo_dir)[1], batches, {m.name: m for m in p.measures}, p.rho_grid,
+                       seed=p.seed, n_iters=p.n_iters, workers=p.workers, progress=progress)
+    seconds = dict(training=t_train, sharpness=time.perf_counter() - t1, per_call_mean=float(frame["seconds"].mean()),
+                   n_calls=len(frame))
+    return meta, frame, seconds
+
+
+def summarise(p: VisionPilot, meta: dict, errors: np.ndarray, frame, seconds: dict) -> dict:
+    """The pilot report's content from the trained members, their test errors and the sharpness frame."""
+    import pandas as pd
+
+    from companion import paper
+    from companion.experiments import vision_zoo as vz
+
+    paper_tau = paper.table1_tau("vision")
+    members = vz.members_frame(meta)
+    curve = reliability_curve(errors, members["train_error"].to_numpy(), p)
+    ok = [c["n_test"] for c in curve if c["split_half"] >= p.target_reliability]
+    n_test = min(ok) if ok else max(p.test_sizes)
+    rel = next(c["split_half"] for c in curve if c["n_test"] == n_test)
+    rows = retest_table(frame, p.n_images // p.batch_size)
+    table = pd.DataFrame(rows)
+    chosen = {}
+    for m in p.measures:
+        sub = table[table["measure"] == m.name]
+        rho = choose_rho(dict(zip(sub["rho"], sub["retest"])))
+        rt = float(sub.set_index("rho").loc[rho, "retest"])
+        tau = paper_tau[COLUMN[m.name]]
+        chosen[m.name] = dict(column=COLUMN[m.name], rho=rho, retest=rt, label=m.label, paper_tau=tau,
+                              tau_ceiling=analysis.ceiling(rt, rel),
+                              expected_at_paper_tau=analysis.attenuated(tau, rt, rel),
+                              power=analysis.power(p.power.n_models, tau, rt, rel, alpha=p.power.alpha,
+                                                   n_sim=p.power.n_sim, seed=p.power.seed))
+    return dict(
+        what="vision pilot: test-set size and rho per measure chosen without the gap (rules in params.yaml vision_pilot)",
+        rules=dict(test_size=f"smallest of {p.test_sizes} with split-half gap reliability >= {p.target_reliability}",
+                   rho=f"{p.rho_rule}: the radius of the grid with the largest test-retest Kendall tau between two "
+                       f"disjoint sets of {p.n_images} training images; ties to the smaller radius"),
+        settings=dict(n_models=p.n_models, n_test=p.n_test, n_images=p.n_images, batch_size=p.batch_size,
+                      n_iters=p.n_iters, seed=p.seed, rho_grid=p.rho_grid, power=vars(p.power), n_splits=p.n_splits),
+        members=members.reset_index().to_dict("records"),
+        reliability=curve, chosen_n_test=n_test, reliability_at_chosen=rel,
+        retest=rows, chosen=chosen, seconds=seconds)
+
+
+def render_markdown(r: dict) -> str:
+    """The pilot report as markdown, every number from ``r``."""
+    st = r["settings"]
+    tr = [m["train_error"] for m in r["members"]]
+    gaps = [m["gap"] for m in r["members"]]
+    lines = ["# Vision pilot (pre-registration)", "", r["what"] + ".", "",
+             f"Pilot members: {st['n_models']} (stream `pilot`: the main zoo's recipe and pre-trained start, other "
+             f"draws; none is in the main zoo), train error {min(tr):.3f}–{max(tr):.3f}, gap (test − train) "
+             f"{min(gaps):+.3f}–{max(gaps):+.3f}. Sharpness on two disjoint sets of {st['n_images']} training images "
+             f"in batches of {st['batch_size']}, {st['n_iters']} Auto-PGD iterations.", "",
+             "Rules (fixed in `params.yaml` before the pilot ran):", "",
+             f"- test-set size: {r['rules']['test_size']}", f"- ρ: {r['rules']['rho']}", "",
+             "## Gap reliability against test-set size", "",
+             "| test images | split halves (Spearman–Brown) | pairwise disagreement |", "|---|---|---|"]
+    lines += [f"| {c['n_test']} | {c['split_half']:.3f} | {c['disagreement']:.3f} |" for c in r["reliability"]]
+    lines += ["", f"Chosen test-set size: **{r['chosen_n_test']}** (split-half reliability "
+              f"{r['reliability_at_chosen']:.3f}).", "", "## Test–retest per measure and radius", "",
+              "| measure | ρ | retest τ | median sharpness (set 1) | median base loss |", "|---|---|---|---|---|"]
+    lines += [f"| {x['measure']} | {x['rho']:g} | {x['retest']:.3f} | {x['value_median']:.4g} | "
+              f"{x['base_loss_median']:.4g} |" for x in r["retest"]]
+    pw = st["power"]
+    lines += ["", "## Chosen radius, ceiling and power", "",
+              f"Power: two-sided test of τ = 0 at α = {pw['alpha']} over {pw['n_models']} members, at the paper's τ, "
+              f"with the measured reliabilities ({pw['n_sim']} simulations, `companion.analysis.power`).", "",
+              "| measure | ρ | retest τ | paper τ | ceiling on abs(τ) | expected τ at the paper's | power |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['label']} | {c['rho']:g} | {c['retest']:.3f} | {c['paper_tau']:+.2f} | {c['tau_ceiling']:.3f} | "
+              f"{c['expected_at_paper_tau']:+.3f} | {c['power']:.3f} |" for c in r["chosen"].values()]
+    sec = r["seconds"]
+    lines += ["", f"Timings (shared, busy 2-core machine): training {sec['training']:.0f} s, sharpness "
+              f"{sec['sharpness']:.0f} s ({sec['n_calls']} calls of {2 * st['n_images'] // st['batch_size']} batches, "
+              f"{sec['per_call_mean']:.2f} s each on average).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m companion.experiments.vision_pilot", description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--summarise-only", action="store_true",
+                    help="recompute the report from the saved pilot zoo and OUT/vision_sharpness.csv (no training)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    import pandas as pd
+
+    from companion.experiments import vision_zoo as vz
+    from companion.params import ParamsError, settings
+    from hideseek.utils import set_threads
+
+    try:
+        p = settings(VisionPilot, STAGE, args.profile, args.overrides)
+    except ParamsError as exc:
+        ap.error(str(exc))
+    set_threads(1)
+    out = Path(args.out)
+    if args.summarise_only:
+        meta = vz.load_zoo(p.zoo_dir)[0]
+        frame = pd.read_csv(out / "vision_sharpness.csv")
+        frame["per_batch"] = frame["per_batch"].map(json.loads)
+        frame["base_loss"] = frame["base_loss"].map(json.loads)
+        seconds = json.loads((out / "vision.json").read_text())["seconds"]
+    else:
+        meta, frame, seconds = measure_pilot(p, args.profile, progress=not args.no_progress)
+        out.mkdir(parents=True, exist_ok=True)
+        frame.assign(per_batch=frame["per_batch"].map(json.dumps), base_loss=frame["base_loss"].map(json.dumps)) \
+            .to_csv(out / "vision_sharpness.csv", index=False)
+    report = summarise(p, meta, vz.test_errors(p.zoo_dir, meta), frame, seconds)
+    (out / "vision.json").write_text(json.dumps(report, indent=1))
+    (out / "vision.md").write_text(render_markdown(report))
+    print(render_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
