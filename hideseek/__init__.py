@@ -12,6 +12,7 @@ from .measures import Measure
 from .relative_flatness import RelativeFlatnessResult, relative_flatness
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
 from .solvers import SolverResult, SolverStep
+from .zoo import sharpness_zoo
 from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair, PairGroup, SymmetryBlock,
                          UnsupportedAttentionError, declare_attention, find_symmetries)
 
@@ -19,4 +20,4 @@ __version__ = "0.2.0"
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "SharpnessInputError",
            "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
-           "declare_attention", "find_symmetries", "relative_flatness", "sharpness"]
+           "declare_attention", "find_symmetries", "relative_flatness", "sharpness", "sharpness_zoo"]

@@ -623,15 +623,26 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     t_start = time.perf_counter()
     setup = _set_up(model, data, measure, loss_fn=loss_fn, autocast=autocast, pairs=pairs,
                     on_unsupported=on_unsupported, exclude=exclude, checks=checks)
-    results, ratios, shares = [], [], []
-    accounting = _accounting_blocks(model, measure, setup)
-    starts = []
+    results, starts = [], []
     for i, (x, y) in enumerate(_progress(data, measure.name, progress)):
         res, values = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
                                      n_samples=n_samples, random_start=random_start, callback=callback,
                                      low_memory=low_memory, restarts=restarts)
         results.append(res)
         starts.append(values)
+    config = dict(n_samples=n_samples, random_start=random_start, restarts=restarts)
+    return _assemble(model, measure, setup, results, starts, rho=rho, n_iters=n_iters, seed=seed,
+                     config=config, seconds=time.perf_counter() - t_start)
+
+
+def _assemble(model: nn.Module, measure: Measure, setup: _SetUp, results: list[SolverResult],
+              starts: list[list[float]], *, rho: float, n_iters: int, seed: int, config: dict,
+              seconds: float) -> SharpnessResult:
+    """The :class:`SharpnessResult` of one model from its per-batch solver results (the best
+    start of each batch) and every start's value."""
+    ratios, shares = [], []
+    accounting = _accounting_blocks(model, measure, setup)
+    for res in results:
         if setup.blocks and measure.christoffel is True and res.best:
             ratios.append(setup.geometry.correction_ratio(res.best))
         if accounting is not None and res.best:
@@ -639,18 +650,17 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
             if share:
                 shares.append(share)
     _warn_large_correction(ratios, rho)
-
     amp_dtype = setup.loss.amp_dtype
     config = dict(measure=measure.geometry, metric=measure.metric, rho=rho, n_iters=n_iters,
                   norm=measure.norm, christoffel=measure.christoffel, eps=measure.eps, seed=seed,
-                  p=measure.p, kind=measure.kind, n_samples=n_samples, random_start=random_start,
-                  restarts=restarts,
-                  n_batches=len(data),
+                  p=measure.p, kind=measure.kind, n_samples=config["n_samples"],
+                  random_start=config["random_start"], restarts=config["restarts"],
+                  n_batches=len(results),
                   autocast=None if amp_dtype is None else str(amp_dtype).removeprefix("torch."))
     values = [r.value for r in results]
     return SharpnessResult(
         value=sum(values) / len(values), per_batch=values, base_losses=[r.f0 for r in results],
-        name=measure.name, config=config, seconds=time.perf_counter() - t_start,
+        name=measure.name, config=config, seconds=seconds,
         n_perturbed=setup.geometry.dimension(),
         pairs=[d for b in setup.blocks for d in b.describe()], correction_ratio=ratios,
         solver=results, measure=measure, norm_share=_mean_shares(shares), restart_values=starts)

@@ -130,17 +130,38 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
     ``callback(SolverStep)`` is called at the start and after each iteration; it sees
     Python floats only (no extra host sync).
     """
+    return drive(apgd_search(geometry, rho, n_iters, f0=f0, x0=x0, alpha=alpha, rho_frac=rho_frac,
+                             start=start, callback=callback, keep_best_grad=keep_best_grad), objective)
+
+
+def drive(search, objective: Objective):
+    """Run a search generator (:func:`apgd_search`) with ``objective``; its result."""
+    try:
+        x = next(search)
+        while True:
+            x = search.send(objective(x))
+    except StopIteration as stop:
+        return stop.value
+
+
+def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = None,
+                x0: list[Tensor] | None = None, alpha: float = 0.75, rho_frac: float = 0.75,
+                start=None, callback: Callback | None = None, keep_best_grad: bool = True):
+    """:func:`apgd` as a generator: it yields each point to evaluate and is sent back
+    ``(f, egrad)`` there; it returns the :class:`SolverResult` (``StopIteration.value``).
+    Many searches can so be advanced in lockstep, their points evaluated together
+    (:func:`hideseek.sharpness_zoo`)."""
     t0 = time.perf_counter()
     x = geometry.zeros() if x0 is None else geometry.ball(x0, rho)
     n_start = 1 if start is None else 0
     # the caller's gradient is never overwritten; one made by a callable ``start`` is ours
     g_owned = start is None or callable(start)
-    f, g = objective(x) if start is None else start() if callable(start) else start
+    f, g = (yield x) if start is None else start() if callable(start) else start
     g = _owned(g)
     f_val = float(f)
     base = f_val if x0 is None else (float(f0) if f0 is not None else None)
     if base is None:
-        base = float(objective(geometry.zeros())[0])
+        base = float((yield geometry.zeros())[0])
     history = [f_val]
     # best_g is g while the best point is the current one; without keep_best_grad it is
     # dropped (None) once the search moves on
@@ -177,7 +198,7 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
                 x_new = _momentum(x, z, x_prev, alpha, out=x_prev if free else None)
                 del z
                 x_new = geometry.shrink_(x_new, rho)
-        f_new, g_new = objective(x_new)
+        f_new, g_new = yield x_new
         g_new = _owned(g_new)
         fv = float(f_new)     # the one host sync per iteration the schedule needs
         history.append(fv)
@@ -195,7 +216,7 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
             if stalled or unchanged:
                 eta /= 2.0
                 if best_g is None:   # the best point's gradient was not kept: take it again
-                    best_g = _owned(objective(best_x)[1])
+                    best_g = _owned((yield best_x)[1])
                     n_extra += 1
                 x, x_prev, f_val, g = best_x, best_x, best_val, best_g
             increases, last_ckpt = 0, k + 1
