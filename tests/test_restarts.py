@@ -17,16 +17,12 @@ from hideseek.symmetries.discover import find_symmetries
 from torch.func import functional_call
 
 from models import MHAClassifier, bert_batch, tiny_bert
+from test_sharpness import _mha_batches
 
 KW = dict(rho=0.2, n_iters=6, progress=False, seed=5)
 
 
-def _batches(n=2):
-    out = []
-    for s in range(n):
-        g = torch.Generator().manual_seed(s)
-        out.append((torch.randn(5, 4, 12, generator=g, dtype=torch.float64), torch.randint(0, 3, (5,), generator=g)))
-    return out
+_batches = _mha_batches
 
 
 @pytest.mark.parametrize("kw", [dict(measure="adaptive"), dict(metric="mixed"), dict(metric="invariant")],
