@@ -213,8 +213,10 @@ def _run_lockstep(searches: list, batch: _Problems, x, y) -> list[SolverResult]:
         evals = batch.evaluate([pending[k] for k in keys], x, y) if len(keys) == len(searches) else \
             _evaluate_subset(batch, keys, [pending[k] for k in keys], x, y)
         pending.clear()
-        for k, fg in zip(keys, evals):
-            _advance(k, searches[k], fg, pending, results)
+        for n, k in enumerate(keys):
+            box = [evals[n]]
+            evals[n] = None    # the search alone holds its gradient (it overwrites and frees it)
+            _advance(k, searches[k], box, pending, results)
     return results  # type: ignore[return-value]
 
 

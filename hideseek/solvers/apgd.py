@@ -139,7 +139,7 @@ def drive(search, objective: Objective):
     try:
         x = next(search)
         while True:
-            x = search.send(objective(x))
+            x = search.send([objective(x)])
     except StopIteration as stop:
         return stop.value
 
@@ -147,8 +147,10 @@ def drive(search, objective: Objective):
 def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = None,
                 x0: list[Tensor] | None = None, alpha: float = 0.75, rho_frac: float = 0.75,
                 start=None, callback: Callback | None = None, keep_best_grad: bool = True):
-    """:func:`apgd` as a generator: it yields each point to evaluate and is sent back
-    ``(f, egrad)`` there; it returns the :class:`SolverResult` (``StopIteration.value``).
+    """:func:`apgd` as a generator: it yields each point to evaluate and is sent back a
+    one-element list holding ``(f, egrad)`` there, which it empties (so that it alone holds the
+    gradient, which it overwrites and frees); it returns the :class:`SolverResult`
+    (``StopIteration.value``).
     Many searches can so be advanced in lockstep, their points evaluated together
     (:func:`hideseek.sharpness_zoo`)."""
     t0 = time.perf_counter()
@@ -156,12 +158,12 @@ def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = N
     n_start = 1 if start is None else 0
     # the caller's gradient is never overwritten; one made by a callable ``start`` is ours
     g_owned = start is None or callable(start)
-    f, g = (yield x) if start is None else start() if callable(start) else start
+    f, g = (yield x).pop() if start is None else start() if callable(start) else start
     g = _owned(g)
     f_val = float(f)
     base = f_val if x0 is None else (float(f0) if f0 is not None else None)
     if base is None:
-        base = float((yield geometry.zeros())[0])
+        base = float((yield geometry.zeros()).pop()[0])
     history = [f_val]
     # best_g is g while the best point is the current one; without keep_best_grad it is
     # dropped (None) once the search moves on
@@ -198,7 +200,7 @@ def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = N
                 x_new = _momentum(x, z, x_prev, alpha, out=x_prev if free else None)
                 del z
                 x_new = geometry.shrink_(x_new, rho)
-        f_new, g_new = yield x_new
+        f_new, g_new = (yield x_new).pop()
         g_new = _owned(g_new)
         fv = float(f_new)     # the one host sync per iteration the schedule needs
         history.append(fv)
@@ -216,7 +218,7 @@ def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = N
             if stalled or unchanged:
                 eta /= 2.0
                 if best_g is None:   # the best point's gradient was not kept: take it again
-                    best_g = _owned((yield best_x)[1])
+                    best_g = _owned((yield best_x).pop()[1])
                     n_extra += 1
                 x, x_prev, f_val, g = best_x, best_x, best_val, best_g
             increases, last_ckpt = 0, k + 1
