@@ -602,8 +602,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         Auto-PGD keeps three perturbation-sized vectors instead of four (current, previous
         and best point, not the gradient at the best point): a restart from a best point
         older than the current one takes the gradient there again, one more forward and
-        backward pass (on the benchmark models 4–7 per 20 iterations).  Every value is
-        unchanged.  See ``reports/benchmarks.md`` for the memory of a call.
+        backward pass, at most one per step-size checkpoint (7 at 20 iterations, see
+        :func:`~hideseek.solvers.apgd.apgd_checkpoints`).  Every value is unchanged.  See ``reports/benchmarks.md`` for the memory of a call.
     metric, norm, christoffel, eps, p, kind:
         Keyword form, a convenience: each one given (not ``None``) replaces that field of
         ``measure`` (see :meth:`Measure.from_keywords`): ``metric`` ``"invariant"`` (paper
