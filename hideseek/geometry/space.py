@@ -367,8 +367,10 @@ class ProductGeometry:
         """Steepest-ascent direction for the chosen norm (not normalised), in the allowed
         subspace (horizontal pair parts for the Riemannian norm).  ``inplace``: the free
         parameters' part overwrites ``egrad`` (no copy of the parameters is made)."""
-        pair_g, free_g = self._split(egrad)
-        return self.pair_part.rgrad(pair_g) + self.adaptive.rgrad(free_g, inplace=inplace)
+        out: Tangent = []
+        for part, gs in zip(self.parts, self._split(egrad)):
+            out += part.rgrad(gs, inplace=True) if inplace and part is self.adaptive else part.rgrad(gs)
+        return out
 
     def direction(self, egrad: Tangent, inplace: bool = False) -> Tangent:
         """Unit steepest-ascent direction (ℓ2: ``grad/‖grad‖``; ℓ∞: ``sign(g) ⊙ |θ|``).
