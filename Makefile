@@ -22,3 +22,20 @@ repro: $(STAMP)
 
 test: $(STAMP)
 	. $(VENV)/bin/activate && python -m pytest -q
+
+# GPU checks (issue 17): the gpu-marked tests and the benchmark at the paper's sizes (BERT-base
+# 128 x 128 tokens, ViT-B/32 256 images, 20 iterations). Without CUDA: a one-line skip, exit 0.
+GPU_PY ?= $(shell test -x $(VENV)/bin/python && echo $(VENV)/bin/python || echo python3)
+.PHONY: gpu-check
+gpu-check:
+	@if ! $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+		echo "gpu-check: skipped, no CUDA device visible to torch (nothing to check on this machine)"; \
+	else \
+		$(GPU_PY) -m pytest -q -m gpu tests/test_gpu.py && \
+		$(GPU_PY) -m benchmarks.bench_sharpness --device cuda --models bert-base,vit-b32 --repeats 1 \
+			--no-sync-count --projection no --json benchmarks/results/cuda.json \
+			--markdown benchmarks/results/cuda.md && \
+		$(GPU_PY) -m benchmarks.bench_memory --device cuda --models minilm-shape,bert-base \
+			--measures floor,adaptive_l2,geodesic_mixed --batch-size 128 --seq-len 128 --n-iters 20 \
+			--json benchmarks/results/memory_cuda.json --markdown benchmarks/results/memory_cuda.md; \
+	fi

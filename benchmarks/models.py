@@ -11,6 +11,8 @@ name           architecture
                12 layers, width 768, 12 heads of 64 (the MNLI models of the paper)
 ``vit-b32``    open_clip ``ViT-B-32`` image tower (``pretrained=None``) + a linear head on
                the L2-normalised features, 1000 classes (the CLIP fine-tunes of the paper)
+``minilm-shape`` a BERT of all-MiniLM-L6-v2's shape: 6 layers, width 384, 12 heads of 32,
+               intermediate 1536 (22.7 M parameters; the memory benchmark)
 ``small-bert`` the ``cpu`` language zoo's BERT: 2 layers, width 64, 4 heads of 16,
                intermediate 256 (``companion.experiments.language_zoo.ModelSpec`` defaults)
 ``small-vit``  the ``cpu`` vision zoo's ViT: open_clip ``VisionTransformer`` on 1×8×8
@@ -71,6 +73,11 @@ def small_bert() -> nn.Module:
                  pad_token_id=0, num_labels=3)
 
 
+def minilm_shape() -> nn.Module:
+    return _bert(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                 intermediate_size=1536, max_position_embeddings=512, num_labels=3)
+
+
 def tiny_bert() -> nn.Module:
     return _bert(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=32, max_position_embeddings=16, num_labels=3)
@@ -129,6 +136,11 @@ MODELS: dict[str, ModelSpec] = {
         defaults={"cpu": dict(batch_size=4, n_iters=2, repeats=1),
                   "cuda": dict(batch_size=256, n_iters=20, repeats=3)},
         description="open_clip ViT-B-32 image tower + linear head (12×768, 12 heads, 224², patch 32)"),
+    "minilm-shape": ModelSpec(
+        "minilm-shape", "text", minilm_shape, 30522, n_classes=3,
+        defaults={"cpu": dict(batch_size=4, seq_len=32, n_iters=5, repeats=1),
+                  "cuda": dict(batch_size=128, seq_len=128, n_iters=20, repeats=3)},
+        description="random BERT of all-MiniLM-L6-v2's shape (6×384, 12 heads of 32), 22.7 M parameters"),
     "small-bert": ModelSpec(
         "small-bert", "text", small_bert, 512, n_classes=3,
         defaults={"cpu": dict(batch_size=64, seq_len=40, n_iters=20, repeats=3),

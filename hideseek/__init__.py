@@ -13,6 +13,7 @@ from .relative_flatness import RelativeFlatnessResult, relative_flatness
 from .rho import RhoSuggestion, suggest_rho
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
 from .solvers import SolverResult, SolverStep
+from .zoo import sharpness_zoo
 from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair, PairGroup, SymmetryBlock,
                          UnsupportedAttentionError, declare_attention, find_symmetries)
 
@@ -32,4 +33,5 @@ def __getattr__(name: str):
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "RhoSuggestion", "SharpnessInputError",
            "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
-           "declare_attention", "find_symmetries", "optim", "relative_flatness", "sharpness", "suggest_rho"]
+           "declare_attention", "find_symmetries", "optim", "relative_flatness", "sharpness", "sharpness_zoo",
+           "suggest_rho"]

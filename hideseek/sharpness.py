@@ -80,6 +80,10 @@ class SharpnessResult:
     #: get one, minus ``exclude``; frozen ones stay fixed) and their number
     perturbed_params: list[str] = field(default_factory=list)
     n_perturbed_params: int = 0
+    #: the value of every Auto-PGD start per batch (``restarts=``): the first from ξ = 0 (or
+    #: the random start), then the random ones; ``per_batch`` is each batch's maximum.  One
+    #: entry per batch (the value) for the average case and ``restarts=1``.
+    restart_values: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -325,6 +329,9 @@ class _BatchObjective:
                 params = self.geometry.point(xi)
             with record_function("hideseek.forward"):
                 loss = self.loss(params, self.x, self.y)
+            # only the graph holds the perturbed weights now: the backward pass frees each
+            # layer's as it goes, so they and the gradient are not both held in full
+            del params
             with record_function("hideseek.backward"):
                 g = torch.autograd.grad(loss * self.loss.grad_scale, xi)
         return loss.detach(), list(g)
@@ -339,11 +346,28 @@ def _tag_batch(callback: Callable[[SolverStep], Any], batch: int, step: SolverSt
     callback(replace(step, batch=batch))
 
 
+def _check_restarts(restarts) -> None:
+    if not _is_int(restarts) or restarts < 1:
+        raise ValueError(f"restarts must be an integer >= 1 (Auto-PGD starts per batch), got {restarts!r}")
+
+
+def _random_point(geom: ProductGeometry, rho: float, gen: torch.Generator) -> list[Tensor]:
+    """A random point of the ball: a uniform direction times ``ρ r``, ``r`` uniform on [0, 1)."""
+    r = float(torch.rand((), generator=gen))
+    return [rho * r * t for t in geom.random_direction(gen)]
+
+
 def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float, n_iters: int,
                    seed: int, n_samples: int | None, random_start: bool,
-                   callback: Callable[[SolverStep], Any] | None) -> SolverResult:
-    """Sharpness of batch ``i``: Auto-PGD (worst case) or the sphere mean (average case).
-    Random draws come from a generator seeded by ``(seed, i)`` alone."""
+                   callback: Callable[[SolverStep], Any] | None, low_memory: bool = False,
+                   restarts: int = 1) -> tuple[SolverResult, list[float]]:
+    """Sharpness of batch ``i``: Auto-PGD (worst case) or the sphere mean (average case);
+    returns the result of the best start and the value of every start.
+
+    Worst case: ``restarts`` searches, one after the other — the first from ξ = 0 (or from a
+    random point with ``random_start``), the others from random points of the ball — the
+    best kept.  Random draws come, in that order, from one generator seeded by
+    ``(seed, i)`` alone."""
     device = setup.loss.device
     x, y = _to(x, device), _to(y, device)
     geom = setup.geometry
@@ -351,15 +375,30 @@ def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float,
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + i)
     cb = None if callback is None else functools.partial(_tag_batch, callback, i)
     if measure.kind == "average":
-        return average_case(f.value, geom, rho, n_samples or n_iters, gen, callback=cb)
-    start = None
-    if random_start:
-        r = float(torch.rand((), generator=gen))
-        start = [rho * r * t for t in geom.random_direction(gen)]
-    first = None
-    if i == 0 and start is None:   # the set-up pass is the gradient at ξ = 0 on batch 0
-        first = (setup.loss0, geom.pullback(setup.setup_grads))
-    return apgd(f.objective, geom, rho, n_iters, x0=start, start=first, callback=cb)
+        res = average_case(f.value, geom, rho, n_samples or n_iters, gen, callback=cb)
+        return res, [res.value]
+    best, values, f0 = None, [], None
+    for j in range(restarts):
+        start = _random_point(geom, rho, gen) if random_start or j > 0 else None
+        # the set-up pass is the gradient at ξ = 0 on batch 0, handed over as a callable so
+        # that the solver alone holds it (and frees it once it has moved on)
+        first = functools.partial(_setup_start, setup) if i == 0 and j == 0 and start is None else None
+        setup.setup_grads = setup.setup_grads if first else None
+        res = apgd(f.objective, geom, rho, n_iters, x0=start, f0=f0, callback=cb, start=first,
+                   keep_best_grad=not low_memory)
+        del start
+        f0 = res.f0                       # L(θ): the later starts need not evaluate it again
+        values.append(res.value)
+        if best is None or res.value > best.value:
+            best = res                    # (the maximiser of a worse start is let go at once)
+        del res
+    return best, values
+
+
+def _setup_start(setup: _SetUp) -> tuple[Tensor, list[Tensor]]:
+    """``(L(θ), ∂L/∂ξ at ξ = 0)`` on batch 0 from the set-up pass, which it lets go of."""
+    grads, setup.setup_grads = setup.setup_grads, None
+    return setup.loss0, setup.geometry.pullback(grads)
 
 
 def _progress(data: list, desc: str, progress: bool):
@@ -438,7 +477,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
               pairs: Sequence[SymmetryBlock] | None = None, n_samples: int | None = None,
               random_start: bool = False, on_unsupported: str = "raise", exclude: Sequence[str] = (),
               autocast: str | torch.dtype | None = None, progress: bool = True, checks: bool = True,
-              callback: Callable[[SolverStep], Any] | None = None,
+              callback: Callable[[SolverStep], Any] | None = None, low_memory: bool = False,
+              restarts: int = 1,
               metric: str | None = None, norm: str | None = None, christoffel: bool | str | None = None,
               eps: float | None = None, p: str | None = None, kind: str | None = None) -> SharpnessResult:
     """Worst-case (Auto-PGD) or average-case sharpness of ``model`` on ``batches``.
@@ -516,6 +556,19 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         Observer called once per solver iteration with a
         :class:`~hideseek.solvers.SolverStep` (``batch``, ``iteration``, ``value``,
         ``best``, ``step_size``, ``seconds``); iteration 0 is the search's start.
+    restarts:
+        Auto-PGD searches per batch (worst case): the first from ξ = 0 (or from a random
+        point with ``random_start``), the other ``restarts − 1`` from random points of the
+        ball (uniform direction, radius ``ρ r`` with ``r`` uniform), drawn from the batch's
+        seeded generator; the best is kept and every start's value is in
+        :attr:`SharpnessResult.restart_values`.  The starts run one after the other (cost:
+        ``restarts`` searches).  ``restarts=1`` is the single search.
+    low_memory:
+        Auto-PGD keeps three perturbation-sized vectors instead of four (current, previous
+        and best point, not the gradient at the best point): a restart from a best point
+        older than the current one takes the gradient there again, one more forward and
+        backward pass, at most one per step-size checkpoint (7 at 20 iterations, see
+        :func:`~hideseek.solvers.apgd.apgd_checkpoints`).  Every value is unchanged.  See ``reports/benchmarks.md`` for the memory of a call.
     metric, norm, christoffel, eps, p, kind:
         Keyword form, a convenience: each one given (not ``None``) replaces that field of
         ``measure`` (see :meth:`Measure.from_keywords`): ``metric`` ``"invariant"`` (paper
@@ -527,6 +580,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     measure = Measure.from_keywords(measure, metric=metric, p=p, kind=kind, norm=norm,
                                     christoffel=christoffel, eps=eps)
     _check_settings(measure, rho, n_iters, n_samples, seed)
+    _check_restarts(restarts)
     model = unwrap_model(model)
     check_model(model, eval_mode=checks)
     exclude = _check_exclude(exclude, [n for n, _ in model.named_parameters()])
@@ -536,14 +590,27 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     t_start = time.perf_counter()
     setup = _set_up(model, data, measure, loss_fn=loss_fn, autocast=autocast, pairs=pairs,
                     on_unsupported=on_unsupported, exclude=exclude, checks=checks, perturb=perturb)
-    results, ratios, shares = [], [], []
-    accounting = _accounting_blocks(model, measure, setup)
+    results, starts = [], []
     for i, (x, y) in enumerate(_progress(data, measure.name, progress)):
-        res = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
-                             n_samples=n_samples, random_start=random_start, callback=callback)
+        res, values = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
+                                     n_samples=n_samples, random_start=random_start, callback=callback,
+                                     low_memory=low_memory, restarts=restarts)
         check_batch_losses(i, res.f0, res.value, y)
-        setup.setup_grads = None   # a model's worth of memory: not needed past batch 0
         results.append(res)
+        starts.append(values)
+    config = dict(n_samples=n_samples, random_start=random_start, restarts=restarts)
+    return _assemble(model, measure, setup, results, starts, rho=rho, n_iters=n_iters, seed=seed,
+                     config=config, seconds=time.perf_counter() - t_start)
+
+
+def _assemble(model: nn.Module, measure: Measure, setup: _SetUp, results: list[SolverResult],
+              starts: list[list[float]], *, rho: float, n_iters: int, seed: int, config: dict,
+              seconds: float) -> SharpnessResult:
+    """The :class:`SharpnessResult` of one model from its per-batch solver results (the best
+    start of each batch) and every start's value."""
+    ratios, shares = [], []
+    accounting = _accounting_blocks(model, measure, setup)
+    for res in results:
         if setup.blocks and measure.christoffel is True and res.best:
             ratios.append(setup.geometry.correction_ratio(res.best))
         if accounting is not None and res.best:
@@ -556,14 +623,15 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     amp_dtype = setup.loss.amp_dtype
     config = dict(measure=measure.geometry, metric=measure.metric, rho=rho, n_iters=n_iters,
                   norm=measure.norm, christoffel=measure.christoffel, eps=measure.eps, seed=seed,
-                  p=measure.p, kind=measure.kind, n_samples=n_samples, random_start=random_start,
-                  n_batches=len(data),
+                  p=measure.p, kind=measure.kind, n_samples=config["n_samples"],
+                  random_start=config["random_start"], restarts=config["restarts"],
+                  n_batches=len(results),
                   autocast=None if amp_dtype is None else str(amp_dtype).removeprefix("torch."))
     values = [r.value for r in results]
     return SharpnessResult(
         value=sum(values) / len(values), per_batch=values, base_losses=[r.f0 for r in results],
-        name=measure.name, config=config, seconds=time.perf_counter() - t_start,
+        name=measure.name, config=config, seconds=seconds,
         n_perturbed=setup.geometry.dimension(),
         pairs=[d for b in setup.blocks for d in b.describe()], correction_ratio=ratios,
-        solver=results, measure=measure, norm_share=_mean_shares(shares),
+        solver=results, measure=measure, norm_share=_mean_shares(shares), restart_values=starts,
         perturbed_params=setup.perturbed, n_perturbed_params=len(setup.perturbed))

@@ -17,6 +17,17 @@ import torch
 from torch import Tensor
 
 Tangent = list[Tensor]
+_CHUNK = 1 << 22   # elements per fused temporary of the norm (16 MiB in float32)
+
+
+def _slices(*ts: Tensor):
+    """Matching slices of at most ``_CHUNK`` elements of tensors of one shape (the whole
+    tensors when they are small or not all contiguous), for elementwise work whose
+    temporaries should stay small: elementwise results do not depend on the slicing."""
+    if ts[0].numel() <= _CHUNK or not all(t.is_contiguous() for t in ts):
+        return [ts]
+    flat = [t.view(-1) for t in ts]
+    return [tuple(f[a:a + _CHUNK] for f in flat) for a in range(0, flat[0].numel(), _CHUNK)]
 
 
 class AdaptiveGeometry:
@@ -36,15 +47,30 @@ class AdaptiveGeometry:
         self.p = p
         self.names = list(names)
         self.theta = [t.detach() for t in theta]
-        self._set_scale()
-
-    def _set_scale(self) -> None:
-        """The elementwise scales ``|θ|`` and where they vanish."""
-        self.scale = [t.abs() for t in self.theta]
+        # No copy of |θ| is kept (it would be a copy of the parameters): products and
+        # quotients use θ itself where only magnitudes matter — IEEE rounding is symmetric
+        # under negation, so (g·θ)·θ = (g·|θ|)·|θ| and ‖ξ ⊘ θ‖ = ‖ξ ⊘ |θ|‖ bit for bit —
+        # and |θ| is formed one tensor at a time elsewhere.
         # exact zeros (vanishing scale) are rare: remember where, handle them apart
-        self._zero = [bool((c == 0).any()) for c in self.scale]
+        self._zero = [bool((t == 0).any()) for t in self.theta]
         self._nz = [i for i, z in enumerate(self._zero) if not z]
         self._z = [i for i, z in enumerate(self._zero) if z]
+        # the tensors without zeros in runs of at most _CHUNK elements (a large tensor alone):
+        # the temporaries of a fused norm stay that small instead of a copy of all of them
+        self._chunks: list[list[int]] = []
+        size = 0
+        for i in self._nz:
+            n = self.theta[i].numel()
+            if not self._chunks or size + n > _CHUNK:
+                self._chunks.append([])
+                size = 0
+            self._chunks[-1].append(i)
+            size += n
+
+    @property
+    def scale(self) -> list[Tensor]:
+        """``|θ|`` per tensor (computed when asked, not stored)."""
+        return [t.abs() for t in self.theta]
 
     @property
     def n_tensors(self) -> int:
@@ -62,44 +88,69 @@ class AdaptiveGeometry:
         """Squared ℓ2 norms of ``ξ ⊘ |θ|``, one scalar per tensor (tensors without zeros
         first, in one fused division and one fused norm)."""
         terms = []
-        if self._nz:
-            q = torch._foreach_div([x[i] for i in self._nz], [self.scale[i] for i in self._nz])
+        for chunk in self._chunks:
+            q = torch._foreach_div([x[i] for i in chunk], [self.theta[i] for i in chunk])
             terms += [n.square() for n in torch._foreach_norm(q)]
-        for i in self._z:
-            c = self.scale[i]
-            terms.append(torch.where(c > 0, x[i] / torch.where(c > 0, c, 1), 0).square().sum())
+            del q
+        for i in self._z:   # ξ/θ, zero where θ is: the same bits with two temporaries fewer
+            t = self.theta[i]
+            q = torch.div(x[i], t).masked_fill_(t == 0, 0)
+            terms.append(q.square_().sum())
+            del q
         return terms
 
     def linf_terms(self, x: Tangent) -> list[Tensor]:
         """``max |ξ ⊘ |θ||`` per (non-empty) tensor."""
-        return [torch.where(c > 0, xi.abs() / torch.where(c > 0, c, 1), 0).amax()
-                for xi, c in zip(x, self.scale) if xi.numel()]
+        out = []
+        for xi, t in zip(x, self.theta):
+            if xi.numel():
+                c = t.abs()
+                out.append(torch.where(c > 0, xi.abs() / torch.where(c > 0, c, 1), 0).amax())
+        return out
 
     def project(self, x: Tangent) -> Tangent:
         """Zero where θ is exactly zero."""
-        return [torch.where(c > 0, xi, 0) if z else xi for xi, c, z in zip(x, self.scale, self._zero)]
+        return [torch.where(t != 0, xi, 0) if z else xi for xi, t, z in zip(x, self.theta, self._zero)]
 
-    def rgrad(self, egrad: Tangent) -> Tangent:
-        """Steepest ℓ2 ascent direction ``|θ|² ⊙ g`` (not normalised)."""
+    def rgrad(self, egrad: Tangent, inplace: bool = False) -> Tangent:
+        """Steepest ℓ2 ascent direction ``|θ|² ⊙ g`` (not normalised; computed as
+        ``(g ⊙ θ) ⊙ θ``, the same bits); ``inplace``: overwrite ``egrad``."""
         if not egrad:
             return []
-        r = list(torch._foreach_mul(egrad, self.scale))
-        torch._foreach_mul_(r, self.scale)
+        r = list(egrad) if inplace else list(torch._foreach_mul(egrad, self.theta))
+        if inplace:
+            torch._foreach_mul_(r, self.theta)
+        torch._foreach_mul_(r, self.theta)
         return r
 
-    def linf_direction(self, egrad: Tangent) -> Tangent:
-        """Steepest ℓ∞ ascent direction ``sign(g) ⊙ |θ|`` (unit norm)."""
-        return [torch.sign(g) * c for g, c in zip(egrad, self.scale)]
+    def linf_direction(self, egrad: Tangent, inplace: bool = False) -> Tangent:
+        """Steepest ℓ∞ ascent direction ``sign(g) ⊙ |θ|`` (unit norm); ``inplace``: overwrite
+        ``egrad``."""
+        out = []
+        for g, t in zip(egrad, self.theta):
+            d = torch.sign(g, out=g) if inplace else torch.sign(g)
+            for ds, ts in _slices(d, t):
+                ds.mul_(ts.abs())
+            out.append(d)
+        return out
 
-    def linf_ball(self, x: Tangent, rho: float) -> Tangent:
-        """Projection onto ``‖ξ ⊘ |θ|‖_∞ ≤ ρ`` (a box)."""
-        return [torch.maximum(torch.minimum(xi, rho * c), -rho * c) for xi, c in zip(x, self.scale)]
+    def linf_ball(self, x: Tangent, rho: float, inplace: bool = False) -> Tangent:
+        """Projection onto ``‖ξ ⊘ |θ|‖_∞ ≤ ρ`` (a box); ``inplace``: overwrite ``x``."""
+        out = []
+        for xi, t in zip(x, self.theta):
+            o = xi if inplace else torch.empty_like(xi)
+            for xs, ts, os_ in _slices(xi, t, o):
+                c = ts.abs()
+                torch.minimum(xs, rho * c, out=os_)
+                torch.maximum(os_, -rho * c, out=os_)
+            out.append(o)
+        return out
 
     def draw(self, randn) -> Tangent:
         """A random tangent before normalisation: ``|θ| ⊙ z`` (ℓ2) or ``|θ| ⊙ sign(z)``
         (ℓ∞, corners of the box), ``z`` standard normal from ``randn(like)``."""
         out = []
-        for t, c in zip(self.theta, self.scale):
+        for t in self.theta:
             z = randn(t)
-            out.append(c * (torch.sign(z) if self.p == "linf" else z))
+            out.append(t.abs() * (torch.sign(z) if self.p == "linf" else z))
         return out

@@ -298,13 +298,20 @@ class ProductGeometry:
         zero): the vector-Jacobian product of :meth:`point` at ξ = 0.  The second-order
         term of the step is quadratic in ξ, so this is the adjoint of the (linear)
         re-arrangement of parameters into pair stacks — no model pass is needed."""
-        z = [t.requires_grad_(True) for t in self.zeros()]
-        with torch.enable_grad():
-            pts = self.point(z)
-            names = [n for n in pts if n in grads]
-            g = torch.autograd.grad([pts[n] for n in names], z, [grads[n] for n in names],
-                                    allow_unused=True)
-        return [torch.zeros_like(t) if gi is None else gi for t, gi in zip(z, g)]
+        # the free parameters' step θ + ξ pulls a gradient back unchanged: only the pairs'
+        # step needs autograd (no copy of the free parameters is made)
+        z = [t.requires_grad_(True) for t in self.pair_part.zeros()]
+        g: list = []
+        if z:
+            with torch.enable_grad():
+                pts: dict[str, Tensor] = {}
+                self.pair_part.point(z, pts)
+                names = [n for n in pts if n in grads]
+                g = list(torch.autograd.grad([pts[n] for n in names], z, [grads[n] for n in names],
+                                             allow_unused=True))
+        g = [torch.zeros_like(t) if gi is None else gi for t, gi in zip(z, g)]
+        return g + [grads[n] if n in grads else torch.zeros_like(t)
+                    for n, t in zip(self.adaptive.names, self.adaptive.theta)]
 
     def correction_ratio(self, x: Tangent) -> float:
         """Largest ``‖½ γ̈(0)‖ / ‖ξ‖`` (Frobenius, per pair) over all pairs: how far the
@@ -340,7 +347,7 @@ class ProductGeometry:
                 continue
             z = {}
             for n in blk.param_names:
-                xi, c = free_x[index[n]], self.adaptive.scale[index[n]]
+                xi, c = free_x[index[n]], self.adaptive.theta[index[n]].abs()
                 z[n] = torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0)
             for grp, (zG, zH) in zip(blk.groups, blk.split(z)):
                 kind = grp.kind + ("_rotary" if grp.rotary else "")
@@ -360,19 +367,26 @@ class ProductGeometry:
         (horizontal pair parts; zero where a free parameter is exactly zero)."""
         return [t for part, xs in zip(self.parts, self._split(x)) for t in part.project(xs)]
 
-    def rgrad(self, egrad: Tangent) -> Tangent:
+    def rgrad(self, egrad: Tangent, inplace: bool = False) -> Tangent:
         """Steepest-ascent direction for the chosen norm (not normalised), in the allowed
-        subspace (horizontal pair parts for the Riemannian norm)."""
-        return [t for part, gs in zip(self.parts, self._split(egrad)) for t in part.rgrad(gs)]
+        subspace (horizontal pair parts for the Riemannian norm).  ``inplace``: the free
+        parameters' part overwrites ``egrad`` (no copy of the parameters is made)."""
+        out: Tangent = []
+        for part, gs in zip(self.parts, self._split(egrad)):
+            out += part.rgrad(gs, inplace=True) if inplace and part is self.adaptive else part.rgrad(gs)
+        return out
 
-    def direction(self, egrad: Tangent) -> Tangent:
-        """Unit steepest-ascent direction (ℓ2: ``grad/‖grad‖``; ℓ∞: ``sign(g) ⊙ |θ|``)."""
+    def direction(self, egrad: Tangent, inplace: bool = False) -> Tangent:
+        """Unit steepest-ascent direction (ℓ2: ``grad/‖grad‖``; ℓ∞: ``sign(g) ⊙ |θ|``).
+        ``inplace``: ``egrad`` may be overwritten (the free parameters' part holds the
+        result), so that no copy of the parameters is made."""
         if self.p == "linf":
-            return self.adaptive.linf_direction(self._split(egrad)[1])
-        r = self.rgrad(egrad)
+            return self.adaptive.linf_direction(self._split(egrad)[1], inplace=inplace)
+        r = self.rgrad(egrad, inplace=inplace)
         n = self.sqnorm(r).sqrt()
         n = torch.where(n > 0, n, torch.ones_like(n))
-        return list(torch._foreach_div(r, n))
+        torch._foreach_div_(r, n)
+        return r
 
     def ball(self, x: Tangent, rho: float, project: bool = True) -> Tangent:
         """Projection onto ``{allowed, ‖ξ‖ ≤ ρ}`` (exact for the metric norm and for ℓ∞).
@@ -386,6 +400,16 @@ class ProductGeometry:
         n = self.sqnorm(x).sqrt()
         scale = torch.where(n > rho, rho / n, torch.ones_like(n))
         return list(torch._foreach_mul(x, scale))
+
+    def shrink_(self, x: Tangent, rho: float) -> Tangent:
+        """:meth:`ball` with ``project=False``, in place (ℓ2: ``x`` is scaled
+        in place and returned; ℓ∞: the box projection, also in place)."""
+        if self.p == "linf":
+            return self.adaptive.linf_ball(self._split(x)[1], rho, inplace=True)
+        n = self.sqnorm(x).sqrt()
+        scale = torch.where(n > rho, rho / n, torch.ones_like(n))
+        torch._foreach_mul_(x, scale)
+        return x
 
     def random_direction(self, generator: torch.Generator) -> Tangent:
         """A direction drawn uniformly from the unit sphere of the allowed subspace

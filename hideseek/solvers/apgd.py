@@ -69,10 +69,42 @@ class SolverResult:
     stop_reason: str = "max_iters"
 
 
+_SLICE = 1 << 20   # elements per temporary of the momentum step (a multiple of every SIMD width)
+
+
+def _momentum(x: list[Tensor], z: list[Tensor], x_prev: list[Tensor], alpha: float,
+              out: list[Tensor] | None) -> list[Tensor]:
+    """``(2 − 2α) x + α z − (1 − α) x_prev``, each element computed exactly as
+    ``m = x·(2 − 2α); m += α z; m += −(1 − α) x_prev`` (the same kernels, the same bits),
+    written into ``out`` (may be ``x_prev``) when given.  The temporary ``m`` is one slice of
+    at most ``_SLICE`` elements at a time, not a copy of the parameters."""
+    c1, c3 = 2.0 - 2.0 * alpha, -(1.0 - alpha)
+    res = []
+    for i, (xi, zi, pi) in enumerate(zip(x, z, x_prev)):
+        o = torch.empty_like(xi) if out is None else out[i]
+        parts = [(xi, zi, pi, o)]
+        if xi.numel() > _SLICE and all(t.is_contiguous() for t in (xi, zi, pi, o)):
+            flat = [t.view(-1) for t in (xi, zi, pi, o)]
+            parts = [tuple(t[a:a + _SLICE] for t in flat) for a in range(0, xi.numel(), _SLICE)]
+        for px, pz, pp, po in parts:
+            m = torch.mul(px, c1)
+            m.add_(pz, alpha=alpha)
+            torch.add(m, pp, alpha=c3, out=po)
+        res.append(o)
+    return res
+
+
+def _owned(g: list[Tensor]) -> list[Tensor]:
+    """``g`` with every tensor safe to overwrite in place (autograd may return expanded or
+    other non-contiguous views: those few are copied)."""
+    return [t if t.is_contiguous() else t.contiguous() for t in g]
+
+
 def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
          f0: float | None = None, x0: list[Tensor] | None = None, alpha: float = 0.75,
-         rho_frac: float = 0.75, start: tuple[Tensor, list[Tensor]] | None = None,
-         callback: Callback | None = None) -> SolverResult:
+         rho_frac: float = 0.75,
+         start: tuple[Tensor, list[Tensor]] | Callable[[], tuple[Tensor, list[Tensor]]] | None = None,
+         callback: Callback | None = None, keep_best_grad: bool = True) -> SolverResult:
     """Maximise ``objective`` over ``{ξ allowed, ‖ξ‖ ≤ ρ}`` with Auto-PGD.
 
     Initial step size ``2ρ``; momentum mixes ``alpha`` of the projected step with
@@ -84,19 +116,57 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
 
     ``start = (f, egrad)`` gives the objective and its gradient at the starting point when
     the caller already has them (``hideseek.sharpness`` reuses its set-up pass at ξ = 0), so
-    that the search costs ``n_iters`` gradient evaluations instead of ``n_iters + 1``.
+    that the search costs ``n_iters`` gradient evaluations instead of ``n_iters + 1``.  It
+    may also be a callable returning that pair: the solver then owns the gradient (it is
+    overwritten, and freed once the search has moved on).
+
+    Memory: the iterates are updated in place, so the search holds the current point, the
+    previous one, the best one and (``keep_best_grad=True``) the gradient at the best point:
+    at most four perturbation-sized vectors besides the objective's own.
+    ``keep_best_grad=False`` keeps three: a restart from a best point older than the
+    current one evaluates the gradient there again (one more gradient evaluation, counted
+    in ``n_evals``, not in ``history``; the same bits on a deterministic model).
 
     ``callback(SolverStep)`` is called at the start and after each iteration; it sees
     Python floats only (no extra host sync).
     """
+    return drive(apgd_search(geometry, rho, n_iters, f0=f0, x0=x0, alpha=alpha, rho_frac=rho_frac,
+                             start=start, callback=callback, keep_best_grad=keep_best_grad), objective)
+
+
+def drive(search, objective: Objective):
+    """Run a search generator (:func:`apgd_search`) with ``objective``; its result."""
+    try:
+        x = next(search)
+        while True:
+            x = search.send([objective(x)])
+    except StopIteration as stop:
+        return stop.value
+
+
+def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = None,
+                x0: list[Tensor] | None = None, alpha: float = 0.75, rho_frac: float = 0.75,
+                start=None, callback: Callback | None = None, keep_best_grad: bool = True):
+    """:func:`apgd` as a generator: it yields each point to evaluate and is sent back a
+    one-element list holding ``(f, egrad)`` there, which it empties (so that it alone holds the
+    gradient, which it overwrites and frees); it returns the :class:`SolverResult`
+    (``StopIteration.value``).
+    Many searches can so be advanced in lockstep, their points evaluated together
+    (:func:`hideseek.sharpness_zoo`)."""
     t0 = time.perf_counter()
     x = geometry.zeros() if x0 is None else geometry.ball(x0, rho)
-    f, g = objective(x) if start is None else start
+    n_start = 1 if start is None else 0
+    # the caller's gradient is never overwritten; one made by a callable ``start`` is ours
+    g_owned = start is None or callable(start)
+    f, g = (yield x).pop() if start is None else start() if callable(start) else start
+    g = _owned(g)
     f_val = float(f)
     base = f_val if x0 is None else (float(f0) if f0 is not None else None)
     if base is None:
-        base = float(objective(geometry.zeros())[0])
+        base = float((yield geometry.zeros()).pop()[0])
     history = [f_val]
+    # best_g is g while the best point is the current one; without keep_best_grad it is
+    # dropped (None) once the search moves on
     best_val, best_x, best_g = f_val, x, g
     checkpoints = set(apgd_checkpoints(n_iters))
     eta = 2.0 * rho
@@ -104,45 +174,61 @@ def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
     x_prev = x
     increases, last_ckpt = 0, 0
     eta_last, best_last = eta, best_val
-    n_start = 1 if start is None else 0
+    n_extra = 0
     if callback is not None:
         callback(SolverStep(0, f_val, best_val, eta, n_start, time.perf_counter() - t0))
     for k in range(n_iters):
         with record_function("hideseek.geometry"):
             # x, x_prev and the direction d are allowed (horizontal) vectors, so are their
             # combinations: only the radial part of the ball projection is needed.
-            d = geometry.direction(g)
-            z = geometry.ball(list(torch._foreach_add(x, d, alpha=eta)), rho, project=False)
+            # Every step writes into a buffer nobody else holds: d into g's (unless g is the
+            # best point's gradient, kept for a restart), z = x + η d into d's, the momentum
+            # step into x_prev's (unless x_prev is the current or the best point).
+            d = geometry.direction(g, inplace=g_owned and (g is not best_g or not keep_best_grad))
+            if g is best_g and not keep_best_grad:
+                best_g = None
+            g = None
+            for xi, di in zip(x, d):
+                torch.add(xi, di, alpha=eta, out=di)
+            z = geometry.shrink_(d, rho)
+            del d
             if k == 0:
                 x_new = z
             else:
                 # x + α(z − x) + (1 − α)(x − x_prev) = (2 − 2α) x + α z − (1 − α) x_prev
-                m = list(torch._foreach_mul(x, 2.0 - 2.0 * alpha))
-                torch._foreach_add_(m, z, alpha=alpha)
-                torch._foreach_add_(m, x_prev, alpha=-(1.0 - alpha))
-                x_new = geometry.ball(m, rho, project=False)
-        f_new, g_new = objective(x_new)
+                free = x_prev is not x and x_prev is not best_x
+                x_new = _momentum(x, z, x_prev, alpha, out=x_prev if free else None)
+                del z
+                x_new = geometry.shrink_(x_new, rho)
+        f_new, g_new = (yield x_new).pop()
+        g_new = _owned(g_new)
         fv = float(f_new)     # the one host sync per iteration the schedule needs
         history.append(fv)
         if fv > f_val:
             increases += 1
         x_prev, x, f_val, g = x, x_new, fv, g_new
+        del f_new, g_new, x_new    # g's buffers are overwritten next: no other name may hold them
+        g_owned = True
         if fv > best_val:
-            best_val, best_x, best_g = fv, x_new, g_new
+            best_val, best_x, best_g = fv, x, g
         if (k + 1) in checkpoints:
             n_steps = k + 1 - last_ckpt
             stalled = increases < rho_frac * n_steps
             unchanged = eta == eta_last and best_val == best_last
             if stalled or unchanged:
                 eta /= 2.0
+                if best_g is None:   # the best point's gradient was not kept: take it again
+                    best_g = _owned((yield best_x).pop()[1])
+                    n_extra += 1
                 x, x_prev, f_val, g = best_x, best_x, best_val, best_g
             increases, last_ckpt = 0, k + 1
             eta_last, best_last = eta, best_val
         steps.append(eta)
         if callback is not None:
-            callback(SolverStep(k + 1, fv, best_val, eta, n_start + k + 1, time.perf_counter() - t0))
+            callback(SolverStep(k + 1, fv, best_val, eta, n_start + k + 1 + n_extra,
+                                time.perf_counter() - t0))
     return SolverResult(best_val - base, base, [t.detach() for t in best_x], history, steps,
-                        n_iters + (start is None), time.perf_counter() - t0)
+                        n_iters + n_start + n_extra, time.perf_counter() - t0)
 
 
 def random_search(value: Callable[[list[Tensor]], Tensor], geometry, rho: float, n_samples: int,
