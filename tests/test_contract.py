@@ -13,16 +13,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: notebooks/<name>.ipynb under the notebook contract
-NOTEBOOKS = ["toy", "diagonal", "vision"]
+NOTEBOOKS = ["toy", "diagonal", "vision", "sam"]
 #: companion modules whose functions are held to 80 lines
 MODULES = ["companion/analysis.py", "companion/paper.py", "companion/params.py", "companion/metrics.py",
            "companion/experiments/toy.py", "companion/experiments/diagonal.py", "companion/experiments/table1.py",
            "companion/experiments/correlation.py", "companion/experiments/crossfit.py", "companion/experiments/zoo.py",
            "companion/pipeline.py", "companion/experiments/glyphs.py", "companion/experiments/vision_zoo.py",
-           "companion/experiments/vision_pilot.py", "companion/experiments/vision_report.py"]
+           "companion/experiments/vision_pilot.py", "companion/experiments/vision_report.py",
+           "companion/experiments/sam.py"]
 #: experiment modules that read their parameters through typed settings only
 EXPERIMENTS = ["toy", "diagonal", "table1", "correlation", "crossfit", "zoo", "glyphs", "vision_zoo", "vision_pilot",
-               "vision_report"]
+               "vision_report", "sam"]
 #: companion functions a notebook may call besides its one computing call: they only format numbers
 PRESENTATION = {"findings"}
 MAX_CODE_LINES, MAX_FUNCTION_LINES = 150, 80

@@ -9,10 +9,12 @@ import pytest
 from companion.experiments.sam import results_markdown
 from companion.pipeline import run_stage
 
+#: a tiny glyph stand-in (overrides of the cpu profile's vision_train settings)
+VISION = ["data.n_train=192", "data.n_test=200", "data.spec.image_size=8", "data.spec.render=16", "model.width=8",
+          "model.heads=2", "model.embed_dim=8", "model.patch_size=4", "model.layers=1", "pretrain.epochs=1",
+          "pretrain.batch_size=64"]
 TINY = dict(
-    seed=0, split_seed=0, n_test=497, n_val=300, threads=1,
-    model=dict(width=8, layers=1, heads=2, patch_size=4, mlp_ratio=2.0, embed_dim=8, logit_scale=5.0),
-    pretrain=dict(objective="contrastive", epochs=1, lr=3e-3, weight_decay=0.01, batch_size=256),
+    seed=0, vision_profile=None, vision_overrides=VISION, n_val=64, threads=1,
     steps=3, batch_size=32, lr=2e-3, weight_decay=0.01, seeds=[0, 1],
     rho_grid=dict(sam=[0.01, 0.1], asam=[0.5], geodesic_invariant=[0.1], geodesic_mixed=[0.05, 0.1]),
     selection="min_mean_val_error",
@@ -45,6 +47,8 @@ def test_sam_notebook_runs_and_publishes(tmp_path):
     assert metrics["methods"]["adamw"]["diff_ci"] == [0.0, 0.0]
     assert set(metrics["seconds"]["step_vs_sam"]) == set(metrics["methods"])
     assert "AdamW alone reaches a test error of" in metrics["findings"]
+    assert metrics["protocol"]["n_train"] + metrics["protocol"]["n_val"] == 192
+    assert metrics["protocol"]["n_test"] == 200 and metrics["protocol"]["vision_train"]["model"]["width"] == 8
     assert np.isfinite(runs.seconds_per_step).all()
     table = results_markdown(metrics).splitlines()
     assert len(table) == 2 + 5 and table[3].startswith("| SAM | ")

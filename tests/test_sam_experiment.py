@@ -6,7 +6,8 @@ import torch
 
 from companion.experiments import sam as se
 from companion.experiments import vision_zoo as vz
-from tests.test_notebooks_sam import TINY
+from companion.params import ParamsError
+from tests.test_notebooks_sam import TINY, VISION
 
 
 def test_choose_rho_lowest_mean_validation_error_ties_to_smaller():
@@ -31,11 +32,16 @@ def test_bootstrap_error_resamples_seeds_and_images():
 
 
 def test_splits_are_disjoint_and_fine_tunes_deterministic():
-    start = se.pretrained_start(TINY)
-    data = vz.load_digits_split(0, 497)
-    assert len(start.y_train) + len(start.y_val) == len(data.y_pool) and len(start.y_val) == 300
+    s = se.Settings.from_params(TINY)
+    start = se.pretrained_start(s, "cpu")
+    vision = vz.load_settings("cpu", VISION)
+    data = vz.load_data(vision.data)
+    assert len(start.y_train) + len(start.y_val) == len(data.y_pool) == 192 and len(start.y_val) == 64
     assert torch.equal(torch.cat([start.x_train, start.x_val]), data.x_pool)
-    assert torch.equal(start.x_test, data.x_test)
+    assert torch.equal(start.y_val, data.y_pool[-64:])
+    assert torch.equal(start.x_test, data.x_test) and len(start.y_test) == 200
+    assert start.record["n_images"] == 128                  # pre-trained on the training part only
+    assert isinstance(start.model(), vz.GlyphViT) and start.model().visual.conv1.kernel_size == (4, 4)
     a, ra = se.finetune(start, "geodesic_mixed", 0.1, 3, TINY)
     b, rb = se.finetune(start, "geodesic_mixed", 0.1, 3, TINY)
     c, _ = se.finetune(start, "adamw", 0.0, 3, TINY)
@@ -44,3 +50,14 @@ def test_splits_are_disjoint_and_fine_tunes_deterministic():
     assert any(not torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
     with pytest.raises(ValueError, match="unknown method"):
         se.finetune(start, "sgd", 0.1, 0, TINY)
+
+
+def test_settings_are_checked():
+    with pytest.raises(ParamsError, match="missing"):
+        se.Settings.from_params({k: v for k, v in TINY.items() if k != "n_val"})
+    with pytest.raises(ParamsError, match="rho_grid must name exactly"):
+        se.Settings.from_params(dict(TINY, rho_grid=dict(sam=[0.1])))
+    with pytest.raises(ParamsError, match="selection"):
+        se.Settings.from_params(dict(TINY, selection="min_test_error"))
+    with pytest.raises(ParamsError, match="n_val must be in"):
+        se.pretrained_start(se.Settings.from_params(dict(TINY, n_val=192)), "cpu")

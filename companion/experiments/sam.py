@@ -1,11 +1,12 @@
 """Geodesic SAM in practice (issue 19): fine-tuning the vision stand-in's pre-trained start with
 AdamW, SAM, ASAM and geodesic SAM (invariant and mixed metric), compared honestly.
 
-* **Start and data** (:func:`pretrained_start`, the one function that knows the vision
-  stand-in): the vision zoo's data split and its contrastive pre-training
-  (:func:`companion.experiments.vision_zoo.pretrain`), run on the training part of the pool
-  only; the last ``n_val`` pool images are the validation split (no pre-training, no
-  fine-tuning touches them), the test set is the zoo's.
+* **Start and data** (:func:`pretrained_start` and :meth:`Start.model`, the only code that
+  knows the vision stand-in): the ``vision_train`` settings of the same profile (the glyph
+  data, the open_clip ViT's config, the contrastive pre-training recipe and seed), the
+  zoo's pre-training (:func:`companion.experiments.vision_zoo.pretrain`) run on the training
+  part of the pool only; the last ``n_val`` pool images are the validation split (no
+  pre-training, no fine-tuning touches them), the test set is the zoo's glyph test set.
 * **Fine-tuning** (:func:`finetune`): the same budget for every method — ``steps`` AdamW
   steps of ``batch_size`` images drawn by the seed, cosine learning rate — with, for the SAM
   family, :class:`hideseek.optim.SAM` around the AdamW (one extra forward and backward per
@@ -21,11 +22,12 @@ AdamW, SAM, ASAM and geodesic SAM (invariant and mixed metric), compared honestl
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import pandas as pd
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 
 import hideseek as hs
 from companion.experiments import vision_zoo as vz
+from companion.params import ParamsError, from_mapping
 
 #: the methods and their measures (None: AdamW alone)
 METHODS: dict[str, str | None] = {"adamw": None, "sam": "euclidean", "asam": "adaptive",
@@ -42,11 +45,51 @@ LABELS = {"adamw": "AdamW", "sam": "SAM", "asam": "ASAM", "geodesic_invariant": 
           "geodesic_mixed": "geodesic SAM (mixed)"}
 
 
+@dataclass(frozen=True)
+class Sharpness:
+    """Geodesic sharpness of the resulting models: ``{measure: ρ}``, on the first ``n_images``
+    training images (one batch), ``n_iters`` Auto-PGD iterations."""
+
+    measures: dict[str, float]
+    n_images: int
+    n_iters: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``sam`` stage's parameters (``params.yaml`` section ``sam``; every key required)."""
+
+    seed: int                      # bootstrap seed
+    vision_profile: str | None     # profile of the vision_train settings (null: the stage's own)
+    vision_overrides: list[str]    # dotted overrides of those settings (tests: a tiny stand-in)
+    n_val: int                     # the last n_val pool images: the validation split
+    threads: int | None
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    seeds: list[int]
+    rho_grid: dict[str, list[float]]
+    selection: Literal["min_mean_val_error"]
+    sharpness: Sharpness
+    n_boot: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any] | "Settings") -> "Settings":
+        if isinstance(params, cls):
+            return params
+        s = from_mapping(cls, params, "params.yaml sam")
+        if set(s.rho_grid) != set(METHODS) - {"adamw"}:
+            raise ParamsError(f"params.yaml sam.rho_grid must name exactly {sorted(set(METHODS) - {'adamw'})}, "
+                              f"got {sorted(s.rho_grid)}")
+        return s
+
+
 @dataclass
 class Start:
     """A pre-trained start and the three splits (tensors on the CPU)."""
 
-    config: dict
+    vision: vz.VisionTrain
     state: dict
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -57,48 +100,51 @@ class Start:
     record: dict
 
     def model(self) -> torch.nn.Module:
-        m = vz.DigitsViT(**self.config)
+        m = vz.build_model(self.vision)
         m.load_state_dict(self.state)
         return m
 
 
-def pretrained_start(params: Mapping[str, Any]) -> Start:
-    """The vision stand-in's contrastively pre-trained start (``params["model"]``,
-    ``params["pretrain"]``, seed ``params["seed"]``) and its train / validation / test splits."""
-    data = vz.load_digits_split(int(params["split_seed"]), int(params["n_test"]))
-    n_val = int(params["n_val"])
-    if not 0 < n_val < len(data.y_pool):
-        raise ValueError(f"n_val must be in (0, {len(data.y_pool)}), got {n_val}")
-    train = vz.DigitsData(data.x_pool[:-n_val], data.y_pool[:-n_val], data.x_test, data.y_test, data.mean, data.std)
-    model, record = vz.pretrain(dict(params["model"]), train, dict(params["pretrain"]), int(params["seed"]))
-    return Start(dict(params["model"]), {k: v.clone() for k, v in model.state_dict().items()},
-                 train.x_pool, train.y_pool, data.x_pool[-n_val:], data.y_pool[-n_val:], data.x_test, data.y_test,
-                 record)
+def pretrained_start(s: Settings, profile: str) -> Start:
+    """The vision stand-in's contrastively pre-trained start and its train / validation / test
+    splits: the ``vision_train`` settings of ``s.vision_profile`` (default ``profile``) with
+    ``s.vision_overrides``; pre-training (:func:`~companion.experiments.vision_zoo.pretrain`, its
+    seed and recipe) on the pool without its last ``s.n_val`` images, which are the validation
+    split; the zoo's glyph test set. Pixels are standardised as the zoo does (the whole pool's
+    mean and standard deviation: two numbers, no labels)."""
+    vision = vz.load_settings(s.vision_profile or profile, s.vision_overrides)
+    data = vz.load_data(vision.data)
+    if not 0 < s.n_val < len(data.y_pool):
+        raise ParamsError(f"params.yaml sam.n_val must be in (0, {len(data.y_pool)}) (the vision_train pool), "
+                          f"got {s.n_val}")
+    train = vz.ZooData(data.x_pool[:-s.n_val], data.y_pool[:-s.n_val], data.x_test, data.y_test, data.mean, data.std)
+    model, record = vz.pretrain(vision, train)
+    return Start(vision, {k: v.clone() for k, v in model.state_dict().items()}, train.x_pool, train.y_pool,
+                 data.x_pool[-s.n_val:], data.y_pool[-s.n_val:], data.x_test, data.y_test, record)
 
 
-@torch.no_grad()
 def correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
     """Per-example correctness of the eval-mode model."""
-    model.eval()
-    return (model(x).argmax(-1) == y).numpy()
+    return (vz.predictions(model, x) == y).numpy()
 
 
-def finetune(start: Start, method: str, rho: float, seed: int, params: Mapping[str, Any],
+def finetune(start: Start, method: str, rho: float, seed: int, params: Mapping[str, Any] | Settings,
              pairs: list | None = None) -> tuple[torch.nn.Module, dict]:
     """Fine-tune the start with ``method`` at radius ``rho``; returns the model and its record."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known: {list(METHODS)}")
-    steps, bs = int(params["steps"]), int(params["batch_size"])
+    s = Settings.from_params(params)
+    steps, bs = s.steps, s.batch_size
     model = start.model().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=float(params["lr"]), weight_decay=float(params["weight_decay"]))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1 + math.cos(math.pi * min(k, steps) / steps)))
     sam = None if METHODS[method] is None else hs.optim.SAM(model, opt, METHODS[method], rho=rho, pairs=pairs)
     gen = torch.Generator().manual_seed(int(seed))
     n = len(start.y_train)
     order = torch.cat([torch.randperm(n, generator=gen) for _ in range(math.ceil(steps * bs / n))])
     t0 = time.perf_counter()
-    for s in range(steps):
-        idx = order[s * bs:(s + 1) * bs]
+    for k in range(steps):
+        idx = order[k * bs:(k + 1) * bs]
         x, y = start.x_train[idx], start.y_train[idx]
         F.cross_entropy(model(x), y).backward()
         if sam is None:
@@ -140,11 +186,10 @@ def _interval(draws: np.ndarray) -> list[float]:
 
 
 def sharpness_of(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
-                 spec: Mapping[str, Any]) -> dict[str, float]:
+                 spec: Sharpness) -> dict[str, float]:
     """Geodesic sharpness of the eval-mode ``model`` on one batch, per measure at its fixed ρ."""
-    return {m: hs.sharpness(model.eval(), [batch], m, rho=float(r), n_iters=int(spec["n_iters"]),
-                            progress=False).value
-            for m, r in spec["measures"].items()}
+    return {m: hs.sharpness(model.eval(), [batch], m, rho=r, n_iters=spec.n_iters, progress=False).value
+            for m, r in spec.measures.items()}
 
 
 @dataclass
@@ -157,30 +202,28 @@ class SAMResults:
     start: Start
 
 
-def run(params: Mapping[str, Any], *, progress: bool = True) -> SAMResults:
-    """The whole experiment (see the module docstring)."""
+def run(params: Mapping[str, Any] | Settings, *, profile: str = "cpu", progress: bool = True) -> SAMResults:
+    """The whole experiment (see the module docstring); ``profile`` picks the ``vision_train``
+    settings of the start (unless ``vision_profile`` names one)."""
     from hideseek.utils import set_threads
     from tqdm.auto import tqdm
 
-    set_threads(params.get("threads"))
-    if params.get("selection", "min_mean_val_error") != "min_mean_val_error":
-        raise ValueError(f"sam.selection must be 'min_mean_val_error' (the one rule implemented), "
-                         f"got {params.get('selection')!r}")
+    st = Settings.from_params(params)
+    set_threads(st.threads)
     t0 = time.perf_counter()
-    start = pretrained_start(params)
+    start = pretrained_start(st, profile)
     pairs = hs.find_symmetries(start.model())            # discovered once, re-used by every SAM
-    grid = {"adamw": [0.0], **{m: [float(r) for r in params["rho_grid"][m]] for m in METHODS if m != "adamw"}}
-    jobs = [(seed, m, r) for seed in params["seeds"] for m in METHODS for r in grid[m]]
+    grid = {"adamw": [0.0], **{m: list(st.rho_grid[m]) for m in METHODS if m != "adamw"}}
+    jobs = [(seed, m, r) for seed in st.seeds for m in METHODS for r in grid[m]]
     records, models, test_correct = [], {}, {}
     for seed, m, r in tqdm(jobs, desc="sam fine-tunes", disable=not progress):
-        model, rec = finetune(start, m, r, seed, params, pairs)
+        model, rec = finetune(start, m, r, seed, st, pairs)
         records.append(rec)
         models[m, r, seed] = copy.deepcopy(model.state_dict())
     runs = pd.DataFrame(records)
     chosen = choose_rho(runs)
-    seeds = [int(s) for s in params["seeds"]]
-    spec = params["sharpness"]
-    batch = (start.x_train[:int(spec["n_images"])], start.y_train[:int(spec["n_images"])])
+    seeds, spec = list(st.seeds), st.sharpness
+    batch = (start.x_train[:spec.n_images], start.y_train[:spec.n_images])
     rows, sharp_rows = [], []
     for m in METHODS:
         corr = []
@@ -192,8 +235,8 @@ def run(params: Mapping[str, Any], *, progress: bool = True) -> SAMResults:
                                    **sharpness_of(model, batch, spec)))
         test_correct[m] = np.stack(corr)
     sharp = pd.DataFrame(sharp_rows)
-    rng = np.random.default_rng(int(params["seed"]))
-    n_boot = int(params["n_boot"])
+    rng = np.random.default_rng(st.seed)
+    n_boot = st.n_boot
     idx_s = rng.integers(0, len(seeds), (n_boot, len(seeds)))
     idx_i = rng.integers(0, len(start.y_test), (n_boot, len(start.y_test)))
     draws = {m: bootstrap_error(test_correct[m], n_boot, rng, idx_s, idx_i) for m in METHODS}
@@ -207,27 +250,36 @@ def run(params: Mapping[str, Any], *, progress: bool = True) -> SAMResults:
                          diff_ci=_interval(diff), val_error=float(r.val_error.mean()),
                          train_error=float(r.train_error.mean()),
                          seconds_per_step=float(runs[runs.method == m].seconds_per_step.median()),
-                         **{f"sharpness_{k}": float(sharp[sharp.method == m][k].mean()) for k in spec["measures"]}))
+                         **{f"sharpness_{k}": float(sharp[sharp.method == m][k].mean()) for k in spec.measures}))
     summary = pd.DataFrame(rows)
     sam_step = float(summary.set_index("method").loc["sam", "seconds_per_step"])
     summary["step_vs_sam"] = summary.seconds_per_step / sam_step
+    metrics = _metrics(st, start, runs, summary, rows, grid, chosen, seeds, time.perf_counter() - t0)
+    return SAMResults(runs, chosen, summary, sharp, metrics, start)
+
+
+def _metrics(st: Settings, start: Start, runs: pd.DataFrame, summary: pd.DataFrame, rows: list[dict],
+             grid: dict, chosen: dict, seeds: list[int], total: float) -> dict:
+    """``reports/metrics/sam.json``'s content."""
+    spec = st.sharpness
     metrics = dict(
         chosen_rho=chosen, rho_grid=grid,
         methods={r["method"]: {k: r[k] for k in ("rho", "test_error", "test_ci", "diff_vs_adamw", "diff_ci",
                                                  "val_error", "train_error")
-                               } | {"sharpness": {k: r[f"sharpness_{k}"] for k in spec["measures"]}}
+                               } | {"sharpness": {k: r[f"sharpness_{k}"] for k in spec.measures}}
                  for r in rows},
         seconds=dict(per_step={r["method"]: r["seconds_per_step"] for r in rows},
                      step_vs_sam={m: float(v) for m, v in zip(summary.method, summary.step_vs_sam)},
-                     total=time.perf_counter() - t0),
+                     total=total),
         protocol=dict(n_train=len(start.y_train), n_val=len(start.y_val), n_test=len(start.y_test),
-                      steps=int(params["steps"]), batch_size=int(params["batch_size"]), seeds=seeds,
+                      steps=st.steps, batch_size=st.batch_size, seeds=seeds,
                       n_runs=len(runs), n_parameters=sum(p.numel() for p in start.model().parameters()),
-                      pretrain_test_error=start.record.get("test_error"), n_boot=n_boot,
-                      sharpness=dict(spec)),
+                      pretrain_test_error=start.record["test_error"],
+                      pretrain_train_error=start.record["pool_error"], n_boot=st.n_boot,
+                      sharpness=asdict(spec), vision_train=json.loads(json.dumps(asdict(start.vision)))),
     )
     metrics["findings"] = findings(summary, grid)
-    return SAMResults(runs, chosen, summary, sharp, metrics, start)
+    return metrics
 
 
 def findings(summary: pd.DataFrame, grid: Mapping[str, list[float]]) -> str:
@@ -279,7 +331,6 @@ def results_markdown(metrics: Mapping[str, Any]) -> str:
 
 
 if __name__ == "__main__":   # python -m companion.experiments.sam [metrics.json]: the results table
-    import json
     import sys
 
     print(results_markdown(json.loads(Path(sys.argv[1] if len(sys.argv) > 1 else "reports/metrics/sam.json")
