@@ -1,0 +1,81 @@
+"""The language pilot's statistics, each against an independent reference (simulation with known truth)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from companion.experiments import language_pilot as lp
+
+
+def _settings(**kw) -> lp.PilotSettings:
+    base = dict(zoo_dir="unused", base_seed=0, batch_size=2, n_half=4, data_seed=0, seed=0, workers=1, threads=1,
+                radius_iters=5, rho_grid={"adaptive": [0.1, 0.2]}, n_iters=[5, 20], pairs=[2, 8], target=0.8,
+                max_train_error=0.2, gap_splits=20, power_alpha=0.05, power_n_sim=200, power_members=[10])
+    return lp.PilotSettings(**{**base, **kw})
+
+
+def test_variance_components_recover_the_simulated_ones():
+    rng = np.random.default_rng(1)
+    member = rng.normal(0.0, 0.5, (400, 1))       # s_m = 0.25
+    batch = rng.normal(0.0, 3.0, (1, 30))         # shared batch effects: must not count as noise
+    v = np.exp(member + batch + rng.normal(0.0, 1.0, (400, 30)))   # s_e = 1
+    s_m, s_e = lp.variance_components(v)
+    assert s_m == pytest.approx(member.var(ddof=1), abs=0.03)   # the realised member variance
+    assert s_e == pytest.approx(1.0, rel=0.05)
+
+
+def test_vc_retest_predicts_the_tau_of_two_disjoint_means():
+    # Spearman–Brown reliability of a k-batch mean, as Kendall tau, against tau measured on a large simulation
+    rng = np.random.default_rng(2)
+    s_m, s_e, k = 0.2, 1.0, 4
+    member = rng.normal(0.0, math.sqrt(s_m), (20000, 1))
+    a = (member + rng.normal(0.0, math.sqrt(s_e), (20000, k))).mean(1)
+    b = (member + rng.normal(0.0, math.sqrt(s_e), (20000, k))).mean(1)
+    assert lp.vc_retest(s_m, s_e, k) == pytest.approx(stats.kendalltau(a, b).statistic, abs=0.015)
+    k_star = lp.batches_for(s_m, s_e, 0.8)
+    assert lp.vc_retest(s_m, s_e, math.ceil(k_star)) >= 0.8 > lp.vc_retest(s_m, s_e, math.floor(k_star))
+    assert lp.vc_retest(0.0, 1.0, 8) == 0.0 and lp.batches_for(0.0, 1.0, 0.8) == math.inf
+
+
+def test_split_half_reliability_matches_the_binomial_truth():
+    rng = np.random.default_rng(3)
+    n_members, n_pairs = 300, 2000
+    p = rng.uniform(0.05, 0.15, n_members)
+    truth = p.var() / (p.var() + np.mean(p * (1 - p)) / n_pairs)
+    errors = (rng.random((n_members, n_pairs)) < p[:, None]).astype(float)
+    train = rng.uniform(0.0, 0.05, n_members) * 0  # a constant train error leaves the gap's reliability unchanged
+    assert lp.split_half_reliability(errors, train, n_splits=20, seed=0) == pytest.approx(truth, abs=0.03)
+
+
+def test_power_is_the_level_without_effect_and_grows_with_members():
+    assert lp.power(30, 0.0, 0.9, 0.9, alpha=0.05, n_sim=2000, seed=0) == pytest.approx(0.05, abs=0.015)
+    small = lp.power(20, 0.3, 0.9, 0.9, alpha=0.05, n_sim=500, seed=0)
+    large = lp.power(80, 0.3, 0.9, 0.9, alpha=0.05, n_sim=500, seed=0)
+    noisy = lp.power(80, 0.3, 0.2, 0.9, alpha=0.05, n_sim=500, seed=0)
+    assert small < large and noisy < large
+
+
+def _frame(values: np.ndarray, measure="adaptive", rho=0.1, n_iters=5, seconds=1.0) -> pd.DataFrame:
+    return pd.DataFrame({"model": [f"m{i}" for i in range(len(values))], "measure": measure, "rho": rho,
+                         "per_batch": [list(v) for v in values], "base_loss": [list(v) for v in values],
+                         "seconds": seconds, "n_iters": n_iters})
+
+
+def test_retest_table_direct_tau_uses_disjoint_batches_and_rho_choice_ignores_the_gap():
+    rng = np.random.default_rng(4)
+    s = _settings()
+    member = rng.normal(0.0, 1.0, (12, 1))
+    sharp = np.exp(member + rng.normal(0.0, 0.3, (12, 8)))     # reliable
+    noisy = np.exp(0.1 * member + rng.normal(0.0, 1.0, (12, 8)))   # batch noise dominates
+    frame = pd.concat([_frame(sharp, rho=0.1), _frame(noisy, rho=0.2)], ignore_index=True)
+    table = lp.retest_table(frame, s)
+    row = table[(table["rho"] == 0.1) & (table["pairs"] == 8)].iloc[0]
+    a, b = sharp[:, :4].mean(1), sharp[:, 4:8].mean(1)
+    assert row["retest"] == pytest.approx(stats.kendalltau(a, b).statistic)
+    assert row["grad_evals"] == 2 * 4 * 5
+    assert lp.choose_rho(table, s) == {"adaptive": 0.1}
+    assert lp.smallest_protocol(table, {"adaptive": 0.2}, 0.99) is None
