@@ -72,7 +72,10 @@ def test_retest_table_direct_tau_uses_disjoint_batches_and_rho_choice_ignores_th
     sharp = np.exp(member + rng.normal(0.0, 0.3, (12, 8)))     # reliable
     noisy = np.exp(0.1 * member + rng.normal(0.0, 1.0, (12, 8)))   # batch noise dominates
     frame = pd.concat([_frame(sharp, rho=0.1), _frame(noisy, rho=0.2)], ignore_index=True)
-    table = lp.retest_table(frame, s)
+    outlier = np.exp(member[:1] + 5.0 + np.zeros((1, 8)))   # a member apart from the others on every batch, left out as not fitted
+    frame = pd.concat([frame, _frame(outlier, rho=0.1).assign(model="out"),
+                       _frame(outlier, rho=0.2).assign(model="out")], ignore_index=True)
+    table = lp.retest_table(frame, s, [f"m{i}" for i in range(12)])
     row = table[(table["rho"] == 0.1) & (table["pairs"] == 8)].iloc[0]
     a, b = sharp[:, :4].mean(1), sharp[:, 4:8].mean(1)
     assert row["retest"] == pytest.approx(stats.kendalltau(a, b).statistic)

@@ -137,17 +137,23 @@ def batches_for(s_m: float, s_e: float, target: float) -> float:
     return r / (1 - r) * s_e / s_m
 
 
-def retest_table(frame: pd.DataFrame, s: PilotSettings) -> pd.DataFrame:
-    """One row per (measure, rho, n_iters, pairs per half): direct and variance-component retest."""
+def retest_table(frame: pd.DataFrame, s: PilotSettings, fitted: Sequence[str]) -> pd.DataFrame:
+    """One row per (measure, rho, n_iters, pairs per half): direct and variance-component retest over
+    the ``fitted`` members (a member that did not fit its training set sits apart from the others on
+    every batch and would inflate both), and the direct retest over all members (``retest_all``)."""
     rows = []
-    for (measure, rho, n_iters), g in frame.groupby(["measure", "rho", "n_iters"], sort=False):
+    for (measure, rho, n_iters), g_all in frame.groupby(["measure", "rho", "n_iters"], sort=False):
+        v_all = _values(g_all)
+        g = g_all[g_all["model"].isin(list(fitted))]
         v = _values(g)
         s_m, s_e = variance_components(v)
         for pairs in s.pairs:
             k = pairs // s.batch_size
             a, b = v[:, :k].mean(1), v[:, s.n_half:s.n_half + k].mean(1)
+            a_all, b_all = v_all[:, :k].mean(1), v_all[:, s.n_half:s.n_half + k].mean(1)
             rows.append(dict(measure=measure, rho=float(rho), n_iters=int(n_iters), pairs=pairs,
                              retest=float(stats.kendalltau(a, b).statistic), retest_vc=vc_retest(s_m, s_e, k),
+                             retest_all=float(stats.kendalltau(a_all, b_all).statistic),
                              s_member=s_m, s_resid=s_e, noise_ratio=s_e / s_m if s_m > 0 else math.inf,
                              batches_for_target=batches_for(s_m, s_e, s.target),
                              grad_evals=2 * k * int(n_iters),
@@ -155,10 +161,11 @@ def retest_table(frame: pd.DataFrame, s: PilotSettings) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def base_loss_retest(frame: pd.DataFrame, s: PilotSettings) -> dict:
-    """The same analysis for the unperturbed loss of each batch (what sharpness adds to): does the
-    member x batch noise already sit in the loss itself?"""
-    g = frame[(frame["measure"] == frame["measure"].iloc[0]) & (frame["rho"] == frame["rho"].iloc[0])]
+def base_loss_retest(frame: pd.DataFrame, s: PilotSettings, fitted: Sequence[str]) -> dict:
+    """The same analysis for the unperturbed loss of each batch (what sharpness adds to), fitted
+    members: does the member x batch noise already sit in the loss itself?"""
+    g = frame[(frame["measure"] == frame["measure"].iloc[0]) & (frame["rho"] == frame["rho"].iloc[0])
+              & frame["model"].isin(list(fitted))]
     v = np.array([list(b) for b in g["base_loss"]], dtype=float)
     s_m, s_e = variance_components(v)
     k = max(s.pairs) // s.batch_size
@@ -208,9 +215,9 @@ def dev_errors(zoo_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def split_half_reliability(test_err: np.ndarray, train_err: np.ndarray, *, n_splits: int, seed: int) -> float:
-    """Reliability of the gap (mean test error − train error) across members: Pearson correlation
-    of the gaps on two random halves of the shared evaluation pairs, stepped up by
-    Spearman–Brown, averaged over ``n_splits`` splits."""
+    """Reliability of the gap (mean test error − train error) across members: the Pearson
+    correlation of the gaps on two random halves of the shared evaluation pairs, averaged over
+    ``n_splits`` splits, stepped up by Spearman–Brown (NaN when no split varies)."""
     rng = np.random.default_rng(seed)
     n = test_err.shape[1]
     rs = []
@@ -218,9 +225,9 @@ def split_half_reliability(test_err: np.ndarray, train_err: np.ndarray, *, n_spl
         perm = rng.permutation(n)
         g1 = test_err[:, perm[: n // 2]].mean(1) - train_err
         g2 = test_err[:, perm[n // 2:]].mean(1) - train_err
-        r = float(np.corrcoef(g1, g2)[0, 1])
-        rs.append(2 * r / (1 + r))
-    return float(np.mean(rs))
+        rs.append(float(np.corrcoef(g1, g2)[0, 1]) if g1.std() > 0 and g2.std() > 0 else math.nan)
+    r = float(np.nanmean(rs)) if np.isfinite(rs).any() else math.nan
+    return 2 * r / (1 + r) if r > -1 else math.nan
 
 
 def power(n: int, tau: float, retest_tau: float, rel_y: float, *, alpha: float, n_sim: int, seed: int) -> float:
@@ -253,22 +260,23 @@ def run(s: PilotSettings) -> dict:
     t0 = time.perf_counter()
     scan = measure(s, s.rho_grid, s.radius_iters)
     t_scan = time.perf_counter() - t0
-    table = retest_table(scan, s)
+    fitted = [m["name"] for m in zoo["models"] if m["train_error"] <= s.max_train_error]
+    table = retest_table(scan, s, fitted)
     rho = choose_rho(table, s)
     frames, seconds = [scan], {"radius_scan": t_scan}
     for n_iters in (i for i in s.n_iters if i != s.radius_iters):
         t0 = time.perf_counter()
         frames.append(measure(s, {k: [v] for k, v in rho.items()}, n_iters))
         seconds[f"n_iters={n_iters}"] = time.perf_counter() - t0
-    table = retest_table(pd.concat(frames, ignore_index=True), s)
+    table = retest_table(pd.concat(frames, ignore_index=True), s, fitted)
     test_err, train_err = dev_errors(s.zoo_dir)
-    fitted = train_err <= s.max_train_error
+    fit = train_err <= s.max_train_error
     rel = {"all": split_half_reliability(test_err, train_err, n_splits=s.gap_splits, seed=s.seed),
-           "fitted": split_half_reliability(test_err[fitted], train_err[fitted], n_splits=s.gap_splits, seed=s.seed)}
+           "fitted": split_half_reliability(test_err[fit], train_err[fit], n_splits=s.gap_splits, seed=s.seed)}
     protocol = smallest_protocol(table, rho, s.target)
-    return {"settings": asdict(s), "n_members": len(seeds), "seeds": seeds, "n_fitted": int(fitted.sum()),
+    return {"settings": asdict(s), "n_members": len(seeds), "seeds": seeds, "n_fitted": len(fitted),
             "train_error": train_err.tolist(), "n_dev": int(test_err.shape[1]),
-            "rho": rho, "protocol": protocol, "gap_reliability": rel, "base_loss": base_loss_retest(scan, s),
+            "rho": rho, "protocol": protocol, "gap_reliability": rel, "base_loss": base_loss_retest(scan, s, fitted),
             "power": power_table(table, rho, protocol, rel["all"], s),
             "retest": table.to_dict("records"), "seconds": seconds}
 
@@ -298,12 +306,15 @@ def markdown(report: dict) -> str:
              f"{report['n_members']} pilot members (seeds {min(report['seeds'])}–{max(report['seeds'])}, not in "
              f"the main zoo; {report['n_fitted']} fitted), dev set of {report['n_dev']} pairs.", "",
              "## Radius scan (retest at the largest pairs per half)", "",
-             "| measure | rho | retest (direct) | retest (variance comp.) | s_resid / s_member |", "|---|---|---|---|---|"]
+             "Retest over the fitted members; the direct retest over all members beside it.", "",
+             "| measure | rho | retest (direct) | retest (variance comp.) | s_resid / s_member | retest, all members |",
+             "|---|---|---|---|---|---|"]
     s = report["settings"]
     scan = t[(t["n_iters"] == s["radius_iters"]) & (t["pairs"] == max(s["pairs"]))]
     for r in scan.itertuples():
         mark = " (chosen)" if rho[r.measure] == r.rho else ""
-        lines.append(f"| {r.measure} | {r.rho:g}{mark} | {r.retest:.2f} | {r.retest_vc:.2f} | {r.noise_ratio:.2f} |")
+        lines.append(f"| {r.measure} | {r.rho:g}{mark} | {r.retest:.2f} | {r.retest_vc:.2f} | {r.noise_ratio:.2f} "
+                     f"| {r.retest_all:.2f} |")
     lines += ["", "## Retest against pairs per half × iterations (at the chosen rho; direct / variance comp.)", "",
               "| measure | iterations | " + " | ".join(f"{p} pairs" for p in s["pairs"]) + " | batches for target |",
               "|---|---|" + "---|" * (len(s["pairs"]) + 1)]
