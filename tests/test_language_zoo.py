@@ -191,11 +191,14 @@ def test_zoo_folder(tiny_zoo):
     assert (out / "corpus" / "vocab.txt").read_text().split() == nc.vocabulary()
     assert (out / "pretrained" / "config.json").is_file()
     assert [m["seed"] for m in zoo["models"]] == [7, 8]
+    timings = json.loads(lz.timings_file(out).read_text())
+    assert lz.timings_file(out).parent == out.parent and set(timings["members"]) == {"model_000", "model_001"}
+    assert all(t["cpu_seconds"] > 0 for t in timings["members"].values()) and "seconds_total" not in zoo
     for rec in zoo["models"]:
         assert rec["gap"] == pytest.approx(rec["test_error"] - rec["train_error"])  # default gap: "test"
         assert rec["gap_hans"] == rec["gap"]
         assert rec["gap_in_distribution"] == pytest.approx(rec["dev_error"] - rec["train_error"])
-        assert rec["cpu_seconds"] > 0
+        assert "seconds" not in rec and "cpu_seconds" not in rec   # timings live beside the DVC output
         assert 0.0 <= rec["train_error"] <= 1.0 and 0.0 <= rec["test_error"] <= 1.0
         assert set(rec["test_error_by_template"]) <= set(nc.TEST_WEIGHTS)
         # the saved model reproduces the recorded test error, counted independently here

@@ -533,6 +533,9 @@ def _train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> 
     n_params = records[0].pop("n_parameters")
     for rec in records[1:]:
         rec.pop("n_parameters")
+    timings = {"seconds_total": time.perf_counter() - t0, "seconds_pretrain": t_pre,
+               "members": {r["name"]: {"seconds": r.pop("seconds"), "cpu_seconds": r.pop("cpu_seconds")}
+                           for r in records}}
     zoo = {
         "format": ZOO_FORMAT,
         "spec": spec.to_dict(),
@@ -543,16 +546,21 @@ def _train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> 
             for split, exs in data.splits.items()},
         "n_parameters": n_params,
         "pretrain": {"final_mlm_loss": None if mlm_losses is None else float(np.mean(mlm_losses[-20:])),
-                     "seconds": t_pre,
                      "base": spec.base if spec.base == "scratch" else str(base_dir)},
-        "seconds_total": time.perf_counter() - t0,
         "torch_threads": torch.get_num_threads(),
         "cpu_kernels": cpu_kernels(),
-        "cpu_seconds_fine_tune": float(sum(r["cpu_seconds"] for r in records)),
         "models": records,
     }
     (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
+    # timings beside the zoo folder, not in it: the folder is a DVC output whose hash must not move with them
+    timings_file(out).write_text(json.dumps(timings, indent=1))
     return zoo
+
+
+def timings_file(zoo_dir: str | Path) -> Path:
+    """Where :func:`train_zoo` writes the training times of ``zoo_dir`` (beside it, outside the DVC output)."""
+    zoo_dir = Path(zoo_dir)
+    return zoo_dir.parent / f"{zoo_dir.name}.timings.json"
 
 
 # ----------------------------------------------------------------------------
@@ -724,7 +732,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"language zoo, profile {profile!r}, {threads} threads, {spec.workers} worker(s) -> {args.out}")
         zoo = train_zoo(spec, args.out)
         gaps = [m["gap"] for m in zoo["models"]]
-        print(f"{len(gaps)} models in {zoo['seconds_total']:.0f} s; gap from {min(gaps):.3f} "
+        secs = json.loads(timings_file(args.out).read_text())["seconds_total"]
+        print(f"{len(gaps)} models in {secs:.0f} s; gap from {min(gaps):.3f} "
               f"to {max(gaps):.3f}")
     return 0
 
