@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ from companion.experiments import language_pilot as lp
 
 def _settings(**kw) -> lp.PilotSettings:
     base = dict(zoo_dir="unused", base_seed=0, batch_size=2, n_half=4, data_seed=0, seed=0, workers=1, threads=1,
-                radius_iters=5, rho_grid={"adaptive": [0.1, 0.2]}, n_iters=[5, 20], pairs=[2, 8], target=0.8,
+                radius_iters=5, protocol_half=2, rho_grid={"adaptive": [0.1, 0.2]}, n_iters=[5, 20], pairs=[2, 8], target=0.8,
                 max_train_error=0.2, gap_splits=20, power_alpha=0.05, power_n_sim=200, power_members=[10])
     return lp.PilotSettings(**{**base, **kw})
 
@@ -82,3 +83,39 @@ def test_retest_table_direct_tau_uses_disjoint_batches_and_rho_choice_ignores_th
     assert row["grad_evals"] == 2 * 4 * 5
     assert lp.choose_rho(table, s) == {"adaptive": 0.1}
     assert lp.smallest_protocol(table, {"adaptive": 0.2}, 0.99) is None
+
+
+def test_extrapolated_protocol_needs_enough_batches_for_every_measure():
+    rng = np.random.default_rng(5)
+    s = _settings(target=0.8)
+    member = rng.normal(0.0, 1.0, (40, 1))
+    frame = pd.concat([_frame(np.exp(member + rng.normal(0.0, 0.5, (40, 8))), measure="adaptive", rho=0.1),
+                       _frame(np.exp(member + rng.normal(0.0, 2.0, (40, 8))), measure="geodesic_mixed", rho=0.2)],
+                      ignore_index=True)
+    table = lp.retest_table(frame, s, [f"m{i}" for i in range(40)])
+    (row,) = lp.extrapolated_protocols(table, {"adaptive": 0.1, "geodesic_mixed": 0.2}, s)
+    worst = table[table["measure"] == "geodesic_mixed"].iloc[0]
+    k = row["batches_per_half"]
+    assert k == math.ceil(worst["batches_for_target"]) and row["grad_evals"] == 2 * k * 5
+    assert lp.vc_retest(worst["s_member"], worst["s_resid"], k) >= 0.8
+
+
+def test_report_markdown_is_generated_from_the_report():
+    rng = np.random.default_rng(6)
+    s = _settings()
+    member = rng.normal(0.0, 1.0, (12, 1))
+    scan = pd.concat([_frame(np.exp(member + rng.normal(0.0, 0.5, (12, 8))), rho=r) for r in (0.1, 0.2)],
+                     ignore_index=True)
+    names = [f"m{i}" for i in range(12)]
+    rho = lp.choose_rho(lp.retest_table(scan, s, names), s)
+    deep = _frame(np.exp(member + rng.normal(0.0, 0.3, (12, 4))), rho=rho["adaptive"], n_iters=20)
+    table = lp.retest_table(pd.concat([scan, deep], ignore_index=True), s, names)
+    report = {"settings": asdict(s), "n_members": 12, "seeds": list(range(12)), "n_fitted": 12, "n_dev": 100,
+              "rho": rho, "protocol": lp.smallest_protocol(table, rho, s.target),
+              "extrapolated": lp.extrapolated_protocols(table, rho, s), "retest": table.to_dict("records"),
+              "gap_reliability": {"all": 0.9, "fitted": 0.85}, "base_loss": lp.base_loss_retest(scan, s, names),
+              "power": [dict(measure="adaptive", paper_tau=0.06, retest=0.8, gap_reliability=0.9, n=10, power=0.1)]}
+    text = lp.markdown(report)
+    assert "(chosen)" in text and "| adaptive | 20 |" in text and "0.90" in text
+    row = table[(table["n_iters"] == 20) & (table["pairs"] == 2)].iloc[0]   # 8 pairs exceed its 2 batches per half
+    assert f"{row['retest']:.2f} / {row['retest_vc']:.2f}" in text

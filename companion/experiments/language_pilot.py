@@ -63,6 +63,7 @@ class PilotSettings:
     workers: int
     threads: int
     radius_iters: int          # Auto-PGD iterations of the radius scan
+    protocol_half: int         # batches per half of the iteration scan (the first of each half, <= n_half)
     rho_grid: dict[str, list[float]]   # per measure of zoo.STANDARD, fixed before the pilot
     n_iters: list[int]         # iteration counts of the protocol scan (radius_iters among them)
     pairs: list[int]           # pairs per half reported (multiples of batch_size)
@@ -77,27 +78,29 @@ class PilotSettings:
 # --------------------------------------------------------------------------- measuring
 
 
-def measure(s: PilotSettings, rho: dict[str, list[float]], n_iters: int) -> pd.DataFrame:
-    """Per-batch values of every standard measure at the radii ``rho`` on the 2·n_half batches.
+def measure(s: PilotSettings, rho: dict[str, list[float]], n_iters: int, half: int) -> pd.DataFrame:
+    """Per-batch values of every standard measure at the radii ``rho`` on the first ``half`` batches
+    of each half (A: batches 0…, B: batches n_half…; all 2·n_half when ``half == n_half``).
 
     Kept in ``zoo_dir/pilot/`` (one pickle per call, named by its arguments) and read back when
     present, so an interrupted pilot resumes and the report can be regenerated without measuring."""
     cache = Path(s.zoo_dir) / "pilot" / (f"i{n_iters}_b{s.n_half}x{s.batch_size}_d{s.data_seed}_s{s.seed}_"
                                          + "_".join(f"{k}{'-'.join(f'{r:g}' for r in v)}" for k, v in rho.items())
-                                         + ".pkl")
+                                         + ("" if half == s.n_half else f"_h{half}") + ".pkl")
     if cache.is_file():
         return pd.read_pickle(cache)
-    frame = _measure(s, rho, n_iters)
+    frame = _measure(s, rho, n_iters, half)
     cache.parent.mkdir(exist_ok=True)
     frame.to_pickle(cache)
     return frame
 
 
-def _measure(s: PilotSettings, rho: dict[str, list[float]], n_iters: int) -> pd.DataFrame:
+def _measure(s: PilotSettings, rho: dict[str, list[float]], n_iters: int, half: int) -> pd.DataFrame:
     from companion.experiments.zoo import STANDARD, measure_zoo
 
     zoo = lz.load_zoo(s.zoo_dir)
-    batches = lz.sharpness_batches(s.zoo_dir, 2 * s.n_half * s.batch_size, s.batch_size, s.data_seed)
+    every = lz.sharpness_batches(s.zoo_dir, 2 * s.n_half * s.batch_size, s.batch_size, s.data_seed)
+    batches = every[:half] + every[s.n_half:s.n_half + half]
     loaders = lz.model_loaders(s.zoo_dir, [m["name"] for m in zoo["models"]], "cpu")
     measures = {name: {"measure": m} for name, m in STANDARD.items() if name in rho}
     frame = measure_zoo(loaders, batches, measures, rho, seed=s.seed, n_iters=n_iters,
@@ -146,11 +149,12 @@ def retest_table(frame: pd.DataFrame, s: PilotSettings, fitted: Sequence[str]) -
         v_all = _values(g_all)
         g = g_all[g_all["model"].isin(list(fitted))]
         v = _values(g)
+        h = v.shape[1] // 2    # batches per half of this measurement
         s_m, s_e = variance_components(v)
-        for pairs in s.pairs:
+        for pairs in (p for p in s.pairs if p // s.batch_size <= h):
             k = pairs // s.batch_size
-            a, b = v[:, :k].mean(1), v[:, s.n_half:s.n_half + k].mean(1)
-            a_all, b_all = v_all[:, :k].mean(1), v_all[:, s.n_half:s.n_half + k].mean(1)
+            a, b = v[:, :k].mean(1), v[:, h:h + k].mean(1)
+            a_all, b_all = v_all[:, :k].mean(1), v_all[:, h:h + k].mean(1)
             rows.append(dict(measure=measure, rho=float(rho), n_iters=int(n_iters), pairs=pairs,
                              retest=float(stats.kendalltau(a, b).statistic), retest_vc=vc_retest(s_m, s_e, k),
                              retest_all=float(stats.kendalltau(a_all, b_all).statistic),
@@ -258,7 +262,7 @@ def run(s: PilotSettings) -> dict:
     if min(seeds) != s.base_seed:
         raise ValueError(f"{s.zoo_dir} starts at seed {min(seeds)}, the pilot section says {s.base_seed}")
     t0 = time.perf_counter()
-    scan = measure(s, s.rho_grid, s.radius_iters)
+    scan = measure(s, s.rho_grid, s.radius_iters, s.n_half)
     t_scan = time.perf_counter() - t0
     fitted = [m["name"] for m in zoo["models"] if m["train_error"] <= s.max_train_error]
     table = retest_table(scan, s, fitted)
@@ -266,7 +270,7 @@ def run(s: PilotSettings) -> dict:
     frames, seconds = [scan], {"radius_scan": t_scan}
     for n_iters in (i for i in s.n_iters if i != s.radius_iters):
         t0 = time.perf_counter()
-        frames.append(measure(s, {k: [v] for k, v in rho.items()}, n_iters))
+        frames.append(measure(s, {k: [v] for k, v in rho.items()}, n_iters, s.protocol_half))
         seconds[f"n_iters={n_iters}"] = time.perf_counter() - t0
     table = retest_table(pd.concat(frames, ignore_index=True), s, fitted)
     test_err, train_err = dev_errors(s.zoo_dir)
@@ -274,27 +278,35 @@ def run(s: PilotSettings) -> dict:
     rel = {"all": split_half_reliability(test_err, train_err, n_splits=s.gap_splits, seed=s.seed),
            "fitted": split_half_reliability(test_err[fit], train_err[fit], n_splits=s.gap_splits, seed=s.seed)}
     protocol = smallest_protocol(table, rho, s.target)
-    return {"settings": asdict(s), "n_members": len(seeds), "seeds": seeds, "n_fitted": len(fitted),
+    return {"extrapolated": extrapolated_protocols(table, rho, s),"settings": asdict(s), "n_members": len(seeds), "seeds": seeds, "n_fitted": len(fitted),
             "train_error": train_err.tolist(), "n_dev": int(test_err.shape[1]),
             "rho": rho, "protocol": protocol, "gap_reliability": rel, "base_loss": base_loss_retest(scan, s, fitted),
-            "power": power_table(table, rho, protocol, rel["all"], s),
+            "power": power_table(rel["all"], s),
             "retest": table.to_dict("records"), "seconds": seconds}
 
 
-def power_table(table: pd.DataFrame, rho: dict[str, float], protocol: dict | None, rel_y: float,
-                s: PilotSettings) -> list[dict]:
-    """Power against zoo size at the paper's τ, with the chosen protocol's variance-component retest
-    (or the largest protocol's when none reached the target)."""
-    if protocol is None:
-        protocol = {"pairs": max(s.pairs), "n_iters": max(s.n_iters)}
+def power_table(rel_y: float, s: PilotSettings) -> list[dict]:
+    """Power against zoo size at the paper's τ, for a protocol whose retest is the target (the one
+    the pre-registration asks for) and the measured gap reliability ``rel_y``."""
     rows = []
     for measure, tau in lz.PAPER_TAU.items():
-        sel = table[(table["measure"] == measure) & (table["rho"] == rho[measure])
-                    & (table["pairs"] == protocol["pairs"]) & (table["n_iters"] == protocol["n_iters"])]
-        rt = float(sel["retest_vc"].iloc[0])
         for n in s.power_members:
-            rows.append(dict(measure=measure, paper_tau=tau, retest=rt, gap_reliability=rel_y, n=n,
-                             power=power(n, tau, rt, rel_y, alpha=s.power_alpha, n_sim=s.power_n_sim, seed=s.seed)))
+            rows.append(dict(measure=measure, paper_tau=tau, retest=s.target, gap_reliability=rel_y, n=n,
+                             power=power(n, tau, s.target, rel_y, alpha=s.power_alpha, n_sim=s.power_n_sim,
+                                         seed=s.seed)))
+    return rows
+
+
+def extrapolated_protocols(table: pd.DataFrame, rho: dict[str, float], s: PilotSettings) -> list[dict]:
+    """Per iteration count: the batches per half every measure needs (at its chosen rho) for a
+    variance-component retest of ``target`` (Spearman–Brown from the members x batches table), the
+    pairs and gradient evaluations per measurement that makes."""
+    at = table[[rho[m] == r for m, r in zip(table["measure"], table["rho"])]]
+    rows = []
+    for n_iters, g in at.groupby("n_iters"):
+        k = int(math.ceil(g.groupby("measure")["batches_for_target"].first().max()))
+        rows.append(dict(n_iters=int(n_iters), batches_per_half=k, pairs_per_half=k * s.batch_size,
+                         grad_evals=2 * k * int(n_iters)))
     return rows
 
 
@@ -320,17 +332,21 @@ def markdown(report: dict) -> str:
               "|---|---|" + "---|" * (len(s["pairs"]) + 1)]
     at = t[[rho[m] == r for m, r in zip(t["measure"], t["rho"])]]
     for (measure, n_iters), g in at.groupby(["measure", "n_iters"], sort=False):
-        cells = " | ".join(f"{r.retest:.2f} / {r.retest_vc:.2f}" for r in g.itertuples())
+        by = {r.pairs: f"{r.retest:.2f} / {r.retest_vc:.2f}" for r in g.itertuples()}
+        cells = " | ".join(by[p] if p in by else "–" for p in s["pairs"])
         lines.append(f"| {measure} | {n_iters} | {cells} | {g['batches_for_target'].iloc[0]:.1f} |")
     p = report["protocol"]
     lines += ["", "Chosen protocol: " + ("none of the pilot's reaches the target" if p is None else
               f"{p['pairs']} pairs per half ({2 * p['pairs']} in all) × {p['n_iters']} iterations") + ".",
+              "", "Batches per half for the target (variance components, Spearman–Brown): " + "; ".join(
+                  f"{e['n_iters']} iterations: {e['batches_per_half']} ({e['pairs_per_half']} pairs per half, "
+                  f"{e['grad_evals']} gradient evaluations per measurement)" for e in report["extrapolated"]) + ".",
               "", "Unperturbed training loss of the same batches, {pairs} pairs per half: retest {retest:.2f} "
               "(variance comp. {retest_vc:.2f}; one batch {retest_vc_one_batch:.2f}; s_resid / s_member "
               "{noise_ratio:.2f}).".format(**report["base_loss"]),
               "", f"Gap reliability (split halves, Spearman–Brown): all members "
               f"{report['gap_reliability']['all']:.2f}, fitted {report['gap_reliability']['fitted']:.2f}.", "",
-              "## Power (two-sided Kendall test) against members", "", "| measure | paper tau | retest | "
+              "## Power (two-sided Kendall test) against members, at retest = target", "", "| measure | paper tau | retest | "
               + " | ".join(f"n={n}" for n in s["power_members"]) + " |", "|---|---|---|" + "---|" * len(s["power_members"])]
     pw = pd.DataFrame(report["power"])
     for measure, g in pw.groupby("measure", sort=False):
