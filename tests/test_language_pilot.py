@@ -15,7 +15,8 @@ from companion.experiments import language_pilot as lp
 def _settings(**kw) -> lp.PilotSettings:
     base = dict(zoo_dir="unused", base_seed=0, batch_size=2, n_half=4, data_seed=0, seed=0, workers=1, threads=1,
                 radius_iters=5, protocol_half=2, rho_grid={"adaptive": [0.1, 0.2]}, n_iters=[5, 20], pairs=[2, 8], target=0.8,
-                max_train_error=0.2, gap_splits=20, power_alpha=0.05, power_n_sim=200, power_members=[10])
+                max_train_error=0.2, gap_splits=20, power_alpha=0.05, power_n_sim=200, power_members=[10],
+                max_batches_per_half=15, exploratory_runs=32)
     return lp.PilotSettings(**{**base, **kw})
 
 
@@ -119,3 +120,29 @@ def test_report_markdown_is_generated_from_the_report():
     assert "(chosen)" in text and "| adaptive | 20 |" in text and "0.90" in text
     row = table[(table["n_iters"] == 20) & (table["pairs"] == 2)].iloc[0]   # 8 pairs exceed its 2 batches per half
     assert f"{row['retest']:.2f} / {row['retest_vc']:.2f}" in text
+
+
+def test_budget_scales_the_reference_run_by_pass_count():
+    reference = {"protocol": {"n_models": 40, "rho_grid": {"a": [1, 2], "b": [1, 2, 3]}, "n_batches": 1, "n_iters": 5},
+                 "seconds": {"sharpness": {"main": 100.0}, "zoo_training": 800.0}}
+    b = lp.budget({"batches_per_half": 4, "n_iters": 20}, 60, 10, reference,
+                  {"seconds": {"z0": {"train": 10.0, "measure": 2.0}, "z1": {"train": 11.0, "measure": 3.0}}})
+    per_pass = 100.0 / (40 * 5 * 1 * 5)          # 0.1 s per (member, run, batch, iteration)
+    assert b["seconds_per_batch_iteration"] == pytest.approx(per_pass)
+    assert b["train"] == pytest.approx(1200.0) and b["primary"] == pytest.approx(per_pass * 60 * 3 * 8 * 20)
+    assert b["exploratory"] == pytest.approx(per_pass * 60 * 10 * 5) and b["language_stability"] == 26.0
+
+
+def test_preregistration_applies_the_rules():
+    report = {"rho": {"adaptive": 0.5}, "extrapolated": [
+        {"n_iters": 5, "batches_per_half": 12, "pairs_per_half": 1536, "grad_evals": 120},
+        {"n_iters": 20, "batches_per_half": 2, "pairs_per_half": 256, "grad_evals": 80},
+        {"n_iters": 40, "batches_per_half": 16, "pairs_per_half": 2048, "grad_evals": 1280}],
+        "power": [dict(measure=m, n=n, power=p) for n, p in ((30, 0.5), (50, 0.79), (70, 0.9))
+                  for m in ("geodesic_invariant", "geodesic_mixed")]}
+    reference = {"protocol": {"n_models": 10, "rho_grid": {"a": [1]}, "n_batches": 1, "n_iters": 1},
+                 "seconds": {"sharpness": {"main": 10.0}, "zoo_training": 100.0}}
+    pre = lp.preregistration(report, reference, None, max_batches_per_half=15, exploratory_runs=0)
+    assert pre["protocol"]["n_iters"] == 20 and pre["n_models"] == 70
+    assert pre["budget_seconds"]["primary"] == pytest.approx(1.0 * 70 * 3 * 2 * 2 * 20)
+    assert "70" in "\n".join(lp._preregistration_lines(pre))

@@ -73,6 +73,8 @@ class PilotSettings:
     power_alpha: float         # two-sided level of the Kendall test
     power_n_sim: int
     power_members: list[int]   # zoo sizes at which power is computed
+    max_batches_per_half: int  # pre-registration: the training split bounds the pairs (2 halves x batches x batch_size)
+    exploratory_runs: int      # budget: exploratory (measure, rho) runs per member at 1 batch x 5 iterations
 
 
 # --------------------------------------------------------------------------- measuring
@@ -310,6 +312,43 @@ def extrapolated_protocols(table: pd.DataFrame, rho: dict[str, float], s: PilotS
     return rows
 
 
+def budget(protocol: dict, n_models: int, exploratory_runs: int, reference: dict, stability: dict | None) -> dict:
+    """Wall-time estimate (2 cores, 2 one-thread workers) of language_train + language (+ language_stability)
+    for ``n_models`` members and ``protocol`` (``batches_per_half``, ``n_iters``), scaled by pass count from a
+    reference run's measured times (``reports/metrics/language.json`` of the former protocol: ``seconds``,
+    ``protocol``). ``exploratory_runs``: (measure, rho) runs per member at 1 batch x 5 iterations."""
+    ref_p, ref_s = reference["protocol"], reference["seconds"]
+    ref_runs = sum(len(g) for g in ref_p["rho_grid"].values())
+    per_pass = ref_s["sharpness"]["main"] / (ref_p["n_models"] * ref_runs * ref_p["n_batches"] * ref_p["n_iters"])
+    out = {"seconds_per_batch_iteration": per_pass,
+           "train": ref_s["zoo_training"] / ref_p["n_models"] * n_models,
+           "primary": per_pass * n_models * 3 * 2 * protocol["batches_per_half"] * protocol["n_iters"],
+           "exploratory": per_pass * n_models * exploratory_runs * 5}
+    out["language_train_and_language"] = out["train"] + out["primary"] + out["exploratory"]
+    if stability is not None:
+        out["language_stability"] = sum(v["train"] + v["measure"] for v in stability["seconds"].values())
+    return out
+
+
+def preregistration(report: dict, reference: dict, stability: dict | None, *, max_batches_per_half: int,
+                    exploratory_runs: int) -> dict:
+    """The rules fixed before the pilot was read, applied to it: the extrapolated protocol of fewest
+    gradient evaluations with at most ``max_batches_per_half`` batches per half (the training split
+    bounds the pairs), the smallest zoo size whose power at the paper's geodesic τ reaches 0.8 (even,
+    for the two workers; the largest computed when none does), and the budget that makes."""
+    ok = [e for e in report["extrapolated"] if e["batches_per_half"] <= max_batches_per_half]
+    protocol = min(ok, key=lambda e: (e["grad_evals"], -e["n_iters"])) if ok else None
+    power = pd.DataFrame(report["power"]).pivot(index="n", columns="measure", values="power")
+    enough = power[(power["geodesic_invariant"] >= 0.8) & (power["geodesic_mixed"] >= 0.8)].index
+    n_models = int(enough.min() if len(enough) else power.index.max())
+    n_models += n_models % 2
+    out = {"rho": report["rho"], "protocol": protocol, "n_models": n_models,
+           "power_at_n_models": power.loc[power.index >= n_models].iloc[0].to_dict() if len(enough) else None}
+    if protocol is not None:
+        out["budget_seconds"] = budget(protocol, n_models, exploratory_runs, reference, stability)
+    return out
+
+
 def markdown(report: dict) -> str:
     """The pilot report in words and tables, generated from ``report``."""
     t = pd.DataFrame(report["retest"])
@@ -352,7 +391,27 @@ def markdown(report: dict) -> str:
     for measure, g in pw.groupby("measure", sort=False):
         lines.append(f"| {measure} | {g['paper_tau'].iloc[0]:g} | {g['retest'].iloc[0]:.2f} | "
                      + " | ".join(f"{v:.2f}" for v in g["power"]) + " |")
+    if "preregistration" in report:
+        lines += _preregistration_lines(report["preregistration"])
     return "\n".join(lines) + "\n"
+
+
+def _preregistration_lines(pre: dict) -> list[str]:
+    p, b = pre["protocol"], pre.get("budget_seconds")
+    lines = ["", "## Pre-registration (the rules applied to the numbers above)", "",
+             "rho: " + ", ".join(f"{k} {v:g}" for k, v in pre["rho"].items()) + "."]
+    if p is None:
+        return lines + ["No protocol within the training split reaches the target."]
+    lines.append(f"Protocol: {p['batches_per_half']} batches of 128 per half ({2 * p['pairs_per_half']} pairs in all) "
+                 f"x {p['n_iters']} iterations, {p['grad_evals']} gradient evaluations per measurement; "
+                 f"members: {pre['n_models']}.")
+    if b is not None:
+        lines.append(f"Estimated wall time on 2 cores, scaled by pass count from the former cpu run: training "
+                     f"{b['train'] / 60:.0f} min, primary sharpness {b['primary'] / 60:.0f} min, exploratory "
+                     f"{b['exploratory'] / 60:.0f} min (language_train + language {b['language_train_and_language'] / 60:.0f}"
+                     f" min)" + (f"; language_stability {b['language_stability'] / 60:.0f} min" if "language_stability" in b
+                                 else "") + ".")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -363,13 +422,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="reports/pilots/language.json")
     ap.add_argument("--profile", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--preregister", action="store_true",
+                    help="apply the pre-registration rules to the existing report (--out) and rewrite it")
     args = ap.parse_args(argv)
     s = settings(PilotSettings, "language_pilot", args.profile, args.set)
+    out = Path(args.out)
+    if args.preregister:
+        report = json.loads(out.read_text())
+        metrics = Path("reports/metrics")
+        report["preregistration"] = preregistration(
+            report, json.loads((metrics / "language.json").read_text()),
+            json.loads((metrics / "language_stability.json").read_text()),
+            max_batches_per_half=s.max_batches_per_half, exploratory_runs=s.exploratory_runs)
+        out.write_text(json.dumps(report, indent=1, default=float) + "\n")
+        out.with_suffix(".md").write_text(markdown(report))
+        print(_preregistration_lines(report["preregistration"]))
+        return 0
     import torch
 
     torch.set_num_threads(s.threads)
     report = run(s)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=float) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
