@@ -119,7 +119,7 @@ def test_report_markdown_is_generated_from_the_report():
     text = lp.markdown(report)
     assert "(chosen)" in text and "| adaptive | 20 |" in text and "0.90" in text
     row = table[(table["n_iters"] == 20) & (table["pairs"] == 2)].iloc[0]   # 8 pairs exceed its 2 batches per half
-    assert f"{row['retest']:.2f} / {row['retest_vc']:.2f}" in text
+    assert f"{row['retest']:.2f} / {row['retest_splits']:.2f} / {row['retest_vc']:.2f}" in text
 
 
 def test_budget_scales_the_reference_run_by_pass_count():
@@ -146,3 +146,15 @@ def test_preregistration_applies_the_rules():
     assert pre["protocol"]["n_iters"] == 20 and pre["n_models"] == 70
     assert pre["budget_seconds"]["primary"] == pytest.approx(1.0 * 70 * 3 * 2 * 2 * 20)
     assert "70" in "\n".join(lp._preregistration_lines(pre))
+
+
+def test_split_retest_averages_every_disjoint_split():
+    rng = np.random.default_rng(7)
+    v = rng.normal(size=(9, 4))
+    pairs = [((0,), (1,)), ((0,), (2,)), ((0,), (3,)), ((1,), (2,)), ((1,), (3,)), ((2,), (3,))]
+    ref = np.mean([stats.kendalltau(v[:, a[0]], v[:, b[0]]).statistic for a, b in pairs])
+    assert lp.split_retest(v, 1) == pytest.approx(ref)
+    halves = [stats.kendalltau(v[:, [0, 1]].mean(1), v[:, [2, 3]].mean(1)).statistic,
+              stats.kendalltau(v[:, [0, 2]].mean(1), v[:, [1, 3]].mean(1)).statistic,
+              stats.kendalltau(v[:, [0, 3]].mean(1), v[:, [1, 2]].mean(1)).statistic]
+    assert lp.split_retest(v, 2) == pytest.approx(np.mean(halves))
