@@ -142,7 +142,7 @@ def test_preregistration_applies_the_rules():
                   for m in ("geodesic_invariant", "geodesic_mixed")]}
     reference = {"protocol": {"n_models": 10, "rho_grid": {"a": [1]}, "n_batches": 1, "n_iters": 1},
                  "seconds": {"sharpness": {"main": 10.0}, "zoo_training": 100.0}}
-    pre = lp.preregistration(report, reference, None, max_batches_per_half=15, exploratory_runs=0)
+    pre = lp.preregistration(report, reference, None, _settings(max_batches_per_half=15, exploratory_runs=0))
     assert pre["protocol"]["n_iters"] == 20 and pre["n_models"] == 70
     assert pre["budget_seconds"]["primary"] == pytest.approx(1.0 * 70 * 3 * 2 * 2 * 20)
     assert "70" in "\n".join(lp._preregistration_lines(pre))
@@ -158,3 +158,11 @@ def test_split_retest_averages_every_disjoint_split():
               stats.kendalltau(v[:, [0, 2]].mean(1), v[:, [1, 3]].mean(1)).statistic,
               stats.kendalltau(v[:, [0, 3]].mean(1), v[:, [1, 2]].mean(1)).statistic]
     assert lp.split_retest(v, 2) == pytest.approx(np.mean(halves))
+
+
+def test_largest_protocol_when_none_reaches_the_target():
+    rows = [dict(measure="adaptive", rho=0.1, n_iters=n, s_member=1.0, s_resid=r) for n, r in ((5, 10.0), (20, 30.0))]
+    report = {"rho": {"adaptive": 0.1}, "settings": {"batch_size": 128}, "retest": rows}
+    p = lp.largest_protocol(report, 15)
+    assert p["n_iters"] == 5 and p["pairs_per_half"] == 1920 and not p["reaches_target"]
+    assert p["predicted_retest"]["adaptive"] == pytest.approx(lp.vc_retest(1.0, 10.0, 15))

@@ -346,23 +346,45 @@ def budget(protocol: dict, n_models: int, exploratory_runs: int, reference: dict
     return out
 
 
-def preregistration(report: dict, reference: dict, stability: dict | None, *, max_batches_per_half: int,
-                    exploratory_runs: int) -> dict:
+def largest_protocol(report: dict, batches_per_half: int) -> dict:
+    """``batches_per_half`` batches per half at the iteration count whose worst measure has the highest
+    variance-component retest there (ties: fewer iterations), with each measure's predicted retest."""
+    t = pd.DataFrame(report["retest"])
+    at = t[[report["rho"][m] == r for m, r in zip(t["measure"], t["rho"])]]
+    best = None
+    for n_iters, g in at.groupby("n_iters"):
+        comp = g.groupby("measure")[["s_member", "s_resid"]].first()
+        pred = {m: vc_retest(r.s_member, r.s_resid, batches_per_half) for m, r in comp.iterrows()}
+        if best is None or min(pred.values()) > min(best["predicted_retest"].values()):
+            best = {"n_iters": int(n_iters), "batches_per_half": batches_per_half,
+                    "pairs_per_half": batches_per_half * int(report["settings"]["batch_size"]),
+                    "grad_evals": 2 * batches_per_half * int(n_iters), "predicted_retest": pred,
+                    "reaches_target": False}
+    return best
+
+
+def preregistration(report: dict, reference: dict, stability: dict | None, s: PilotSettings) -> dict:
     """The rules fixed before the pilot was read, applied to it: the extrapolated protocol of fewest
     gradient evaluations with at most ``max_batches_per_half`` batches per half (the training split
     bounds the pairs), the smallest zoo size whose power at the paper's geodesic τ reaches 0.8 (even,
     for the two workers; the largest computed when none does), and the budget that makes."""
-    ok = [e for e in report["extrapolated"] if e["batches_per_half"] <= max_batches_per_half]
+    ok = [e for e in report["extrapolated"] if e["batches_per_half"] <= s.max_batches_per_half]
     protocol = min(ok, key=lambda e: (e["grad_evals"], -e["n_iters"])) if ok else None
-    power = pd.DataFrame(report["power"]).pivot(index="n", columns="measure", values="power")
-    enough = power[(power["geodesic_invariant"] >= 0.8) & (power["geodesic_mixed"] >= 0.8)].index
-    n_models = int(enough.min() if len(enough) else power.index.max())
+    rows = report["power"]
+    if protocol is None:   # rules added after the pilot was read: the largest protocol the split allows, and
+        protocol = largest_protocol(report, s.max_batches_per_half)   # the power at its predicted retest
+        rel_y = report["gap_reliability"]["all"]
+        rows = [dict(measure=m, paper_tau=tau, retest=protocol["predicted_retest"][m], gap_reliability=rel_y, n=n,
+                     power=power(n, tau, protocol["predicted_retest"][m], rel_y, alpha=s.power_alpha,
+                                 n_sim=s.power_n_sim, seed=s.seed))
+                for m, tau in lz.PAPER_TAU.items() for n in s.power_members]
+    power_ = pd.DataFrame(rows).pivot(index="n", columns="measure", values="power")
+    enough = power_[(power_["geodesic_invariant"] >= 0.8) & (power_["geodesic_mixed"] >= 0.8)].index
+    n_models = int(enough.min() if len(enough) else power_.index.max())
     n_models += n_models % 2
-    out = {"rho": report["rho"], "protocol": protocol, "n_models": n_models,
-           "power_at_n_models": power.loc[power.index >= n_models].iloc[0].to_dict() if len(enough) else None}
-    if protocol is not None:
-        out["budget_seconds"] = budget(protocol, n_models, exploratory_runs, reference, stability)
-    return out
+    return {"rho": report["rho"], "protocol": protocol, "n_models": n_models, "power": rows,
+            "power_at_n_models": power_.loc[power_.index >= n_models].iloc[0].to_dict(),
+            "budget_seconds": budget(protocol, n_models, s.exploratory_runs, reference, stability)}
 
 
 def markdown(report: dict) -> str:
@@ -423,6 +445,11 @@ def _preregistration_lines(pre: dict) -> list[str]:
     lines.append(f"Protocol: {p['batches_per_half']} batches of 128 per half ({2 * p['pairs_per_half']} pairs in all) "
                  f"x {p['n_iters']} iterations, {p['grad_evals']} gradient evaluations per measurement; "
                  f"members: {pre['n_models']}.")
+    if "predicted_retest" in p:
+        lines.append("No protocol within the training split reaches the target; the largest it allows is registered, "
+                     "with predicted retest " + ", ".join(f"{m} {v:.2f}" for m, v in p["predicted_retest"].items())
+                     + " (variance components); power at those retests: " + "; ".join(
+                         f"{m} {v:.2f}" for m, v in pre["power_at_n_models"].items()) + f" with {pre['n_models']} members.")
     if b is not None:
         lines.append(f"Estimated wall time on 2 cores, scaled by pass count from the former cpu run: training "
                      f"{b['train'] / 60:.0f} min, primary sharpness {b['primary'] / 60:.0f} min, exploratory "
@@ -456,8 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = Path("reports/metrics")
         report["preregistration"] = preregistration(
             report, json.loads((metrics / "language.json").read_text()),
-            json.loads((metrics / "language_stability.json").read_text()),
-            max_batches_per_half=s.max_batches_per_half, exploratory_runs=s.exploratory_runs)
+            json.loads((metrics / "language_stability.json").read_text()), s)
         out.write_text(json.dumps(report, indent=1, default=float) + "\n")
         out.with_suffix(".md").write_text(markdown(report))
         print(_preregistration_lines(report["preregistration"]))
