@@ -78,12 +78,14 @@ def test_run_orbit_on_a_zoo_member(tmp_path):
             "model": {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16},
             "pretrain": {"steps": 2, "batch_size": 16}, "finetune": {"n_models": 1, "epochs": 1.0, "batch_size": 16}}
     lz.train_zoo(lz.ZooSpec.from_dict(spec), tmp_path / "z", progress=False)
-    frame = run_orbit({"zoo_dir": str(tmp_path / "z"), "batch_size": 16, "scales": [0.1, 10.0], "n_iters": 1,
-                       "rho": {"geodesic_mixed": 0.01, "adaptive": 0.1, "geodesic_invariant": 0.01},
-                       "dtype": "float64"}, progress=False)
+    batch = lz.sharpness_batches(tmp_path / "z", 16, 16, 0)[0]
+    rho = {"geodesic_mixed": 0.01, "adaptive": 0.1, "geodesic_invariant": 0.01}
+    frame = run_orbit(str(tmp_path / "z"), "model_000", batch, scales=[0.1, 10.0], rho=rho, n_iters=1, seed=0,
+                      action_seeds=[0], dtype="float64", device="cpu")
     assert set(frame["model"]) == {"model_000"} and set(frame["dtype"]) == {"float64"}
     assert len(frame) == 6 and (frame["max_logit_change"] < 1e-10).all()
     geo = frame[frame["measure"] != "adaptive"]
     assert (np.abs(np.log(geo["ratio"])) < 1e-7).all()
     with pytest.raises(ValueError, match="dtype"):
-        run_orbit({"zoo_dir": str(tmp_path / "z"), "batch_size": 16, "rho": {}, "dtype": "half"})
+        run_orbit(str(tmp_path / "z"), "model_000", batch, scales=[1.0], rho=rho, n_iters=1, seed=0,
+                  action_seeds=[0], dtype="half", device="cpu")

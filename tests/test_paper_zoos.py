@@ -393,20 +393,28 @@ def test_mccoy_sharpness_batches_are_the_papers_pairs_with_padding_trimmed(bert_
             torch.testing.assert_close(model(**x).logits, model(**xr).logits, rtol=1e-5, atol=1e-6)
 
 
-def test_measure_language_zoo_runs_on_the_mccoy_zoo_and_matches_a_direct_call(bert_assets):
+def _mccoy_language_params(zoo_dir) -> dict:
+    grid = [0.05]
+    return dict(zoo_dir=str(zoo_dir), device="cpu", threads=1, workers=1, n_points=4, batch_size=2, data_seed=0,
+                n_iters=1, seed=0, rho={"adaptive": 0.1, "geodesic_invariant": 0.01, "geodesic_mixed": 0.01},
+                eps=0.0, max_train_error=0.5, n_boot=20, gap_splits=10, power_alpha=0.05, power_n_sim=20,
+                exploratory=dict(n_points=2, n_iters=1, rho_grid={}, eps_grid=[0.0, 0.01],
+                                 ablation_rho_grid={"geodesic_invariant_no_christoffel": grid,
+                                                    "geodesic_mixed_christoffel_only": grid},
+                                 relative_flatness_layer=None, orbit=None))
+
+
+def test_language_primary_measurement_runs_on_the_mccoy_zoo_and_matches_a_direct_call(bert_assets):
     from companion.assets.mnli import mnli_sharpness_batches
+    from companion.experiments import language_report as lr
     from companion.experiments import language_zoo as lz
 
     b = bert_assets
-    params = dict(zoo_dir=str(b["zoo_dir"]), n_points=4, batch_size=2, data_seed=0, n_iters=1, seed=0,
-                  rho_grid={"adaptive": [0.1], "geodesic_invariant": [0.01], "geodesic_mixed": [0.01]},
-                  ablation_rho_grid={"geodesic_mixed_no_christoffel": [0.05]}, eps=0.0, eps_grid=[],
-                  split_seed=0, n_boot=20, criterion="abs", device="cpu")
-    res = lz.measure_language_zoo(params, progress=False)
-    assert len(res.frame) == N_BERT * 3 and np.isfinite(res.frame["value"]).all()
-    assert list(res.members.index) == [f"bert_{r:02d}" for r in range(N_BERT)]
-    assert res.protocol["n_parameters"] == b["zoo"]["n_parameters"] and res.protocol["n_batches"] == 2
-    assert res.ablation_table is not None
+    s = lr.settings_from(_mccoy_language_params(b["zoo_dir"]))
+    names = list(lz.member_table(s.zoo_dir).index)
+    frame = lr.measure_primary(s, names, progress=False)
+    assert len(frame) == N_BERT * 3 and np.isfinite(frame["value"]).all()
+    assert names == [f"bert_{r:02d}" for r in range(N_BERT)] and lz.dev_errors(s.zoo_dir, names) is None
 
     folder = b["root"] / "mccoy_bert"
     model = convert_tf_bert(folder / "bert_03", folder / BASE_DIR / "bert_config.json")
@@ -416,7 +424,7 @@ def test_measure_language_zoo_runs_on_the_mccoy_zoo_and_matches_a_direct_call(be
     torch.manual_seed(0)
     direct = hs.sharpness(model, batches, measure="adaptive", p="l2", rho=0.1, n_iters=1, seed=0,
                           progress=False).value
-    ours = res.frame.set_index(["model", "measure"]).loc[("bert_03", "adaptive"), "value"]
+    ours = frame.set_index(["model", "measure"]).loc[("bert_03", "adaptive"), "value"]
     assert ours == pytest.approx(direct, rel=1e-4, abs=1e-7)
 
 
@@ -425,16 +433,11 @@ def test_language_notebook_runs_on_the_mccoy_zoo_with_profile_paper(bert_assets,
     from companion.pipeline import run_stage
 
     b = bert_assets
-    grid = [0.05]
-    params = dict(zoo_dir=str(b["zoo_dir"]), n_points=4, batch_size=2, data_seed=0, n_iters=1, seed=0, threads=1,
-                  rho_grid={"adaptive": [0.1], "geodesic_invariant": [0.01], "geodesic_mixed": [0.01]},
-                  ablation_rho_grid={"geodesic_invariant_no_christoffel": grid, "geodesic_invariant_christoffel_only": grid,
-                                     "geodesic_mixed_no_christoffel": grid, "geodesic_mixed_christoffel_only": grid},
-                  eps=0.0, eps_grid=[0.0, 0.01], split_seed=0, n_boot=20, criterion="abs", device="cpu")
-    res = run_stage("language", profile="paper", params=params, reports_dir=tmp_path / "reports", progress_bar=False)
+    res = run_stage("language", profile="paper", params=_mccoy_language_params(b["zoo_dir"]),
+                    reports_dir=tmp_path / "reports", progress_bar=False)
     metrics = json.loads(res.metrics.read_text())
-    assert metrics["profile"] == "paper" and metrics["setting"].startswith("McCoy et al. BERT zoo (6 ")
-    assert metrics["zoo"]["n_models"] == N_BERT and metrics["zoo"]["corpus"] is None
+    assert metrics["profile"] == "paper" and metrics["setting"].startswith("mccoy_bert: 6 ")
+    assert metrics["zoo"]["n_models"] == N_BERT and "gap_reliability" not in metrics["table1"][0]
     assert metrics["zoo"]["gap_max"] == pytest.approx(max(m["gap"] for m in b["zoo"]["models"]))
     assert {"fig5_language.png", "language_zoo.png", "fig9_eps.png"} <= {p.name for p in res.figures}
 

@@ -534,6 +534,9 @@ def _train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> 
     n_params = records[0].pop("n_parameters")
     for rec in records[1:]:
         rec.pop("n_parameters")
+    timings = {"seconds_total": time.perf_counter() - t0, "seconds_pretrain": t_pre,
+               "members": {r["name"]: {"seconds": r.pop("seconds"), "cpu_seconds": r.pop("cpu_seconds")}
+                           for r in records}}
     zoo = {
         "format": ZOO_FORMAT,
         "spec": spec.to_dict(),
@@ -544,16 +547,21 @@ def _train_zoo(spec: ZooSpec, out_dir: str | Path, *, progress: bool = True) -> 
             for split, exs in data.splits.items()},
         "n_parameters": n_params,
         "pretrain": {"final_mlm_loss": None if mlm_losses is None else float(np.mean(mlm_losses[-20:])),
-                     "seconds": t_pre,
                      "base": spec.base if spec.base == "scratch" else str(base_dir)},
-        "seconds_total": time.perf_counter() - t0,
         "torch_threads": torch.get_num_threads(),
         "cpu_kernels": cpu_kernels(),
-        "cpu_seconds_fine_tune": float(sum(r["cpu_seconds"] for r in records)),
         "models": records,
     }
     (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
+    # timings beside the zoo folder, not in it: the folder is a DVC output whose hash must not move with them
+    timings_file(out).write_text(json.dumps(timings, indent=1))
     return zoo
+
+
+def timings_file(zoo_dir: str | Path) -> Path:
+    """Where :func:`train_zoo` writes the training times of ``zoo_dir`` (beside it, outside the DVC output)."""
+    zoo_dir = Path(zoo_dir)
+    return zoo_dir.parent / f"{zoo_dir.name}.timings.json"
 
 
 # ----------------------------------------------------------------------------
@@ -600,21 +608,18 @@ def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, devic
 
 
 def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
-                      seed: int = 0, retest: bool = False) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+                      seed: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """The fixed training pairs on which every model's sharpness is measured.
 
     ``n_points`` pairs drawn without replacement (seeded) from the zoo's training
     split, in batches of ``batch_size``; padding beyond each batch's longest pair
-    is trimmed. ``retest=True``: another ``n_points`` pairs, disjoint from those
-    (drawn from the rest of the split with the seed ``[seed, 1]``), for a
-    test-retest check; the main set is unchanged by it.
+    is trimmed. A test–retest compares the measure on the first and the second half
+    of these batches (disjoint pairs).
     """
     zoo = load_zoo(zoo_dir)
     if n_points < 1 or batch_size < 1:
         raise ValueError("n_points and batch_size must be >= 1")
     if zoo.get("kind") == "mccoy_bert":  # profile paper: MNLI training pairs (1024 in batches of 128)
-        if retest:
-            raise ValueError("retest batches are not implemented for McCoy et al.'s zoo; set retest: false")
         from companion.experiments.paper_zoos import mccoy_sharpness_batches
 
         return mccoy_sharpness_batches(zoo, n_points, batch_size, seed)
@@ -626,12 +631,6 @@ def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
         raise ValueError(f"n_points={n_points} is not a multiple of batch_size={batch_size}")
     rng = np.random.default_rng(seed)
     idx = np.sort(rng.choice(len(train), size=n_points, replace=False))
-    if retest:
-        rest = np.setdiff1d(np.arange(len(train)), idx)
-        if n_points > len(rest):
-            raise ValueError(f"no {n_points} retest pairs left beside the {n_points} measured ones "
-                             f"({len(train)} training pairs)")
-        idx = np.sort(np.random.default_rng([seed, 1]).choice(rest, size=n_points, replace=False))
     tok = nc.make_tokenizer(corpus / "vocab.txt")
     inputs, labels = nc.encode(tok, [train[i] for i in idx], zoo["spec"]["max_length"])
     return [(trim({k: v[i:i + batch_size] for k, v in inputs.items()}), labels[i:i + batch_size])
@@ -639,7 +638,7 @@ def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
 
 
 # ----------------------------------------------------------------------------
-# measuring the zoo (the ``language`` notebook stage)
+# measuring the zoo (the ``language`` notebook stage: companion.experiments.language_report)
 
 #: Table 1, row "MNLI" (35 BERT fine-tunes of McCoy et al. 2020).
 PAPER_TAU: dict[str, float] = paper.table1_tau("language")
@@ -649,169 +648,35 @@ PAPER_ABLATION_TAU: dict[str, float] = dict(paper.LANGUAGE_ABLATION_TAU)
 PAPER_PROTOCOL: dict[str, Any] = dict(paper.LANGUAGE_PROTOCOL)
 
 #: Appendix G ablations, per metric: no-Christoffel (Riemannian norm, straight step)
-#: and Christoffel-only (adaptive norm, second-order geodesic step).
-ABLATION_MEASURES: dict[str, dict[str, Any]] = {
-    m.name: m.to_keywords() for m in (Measure(metric=metric, **kw) for metric in ("invariant", "mixed")
-                                      for kw in (dict(step="straight"), dict(ball="adaptive")))
-}   # geodesic_{metric}_no_christoffel, geodesic_{metric}_christoffel_only (Measure names)
+#: and Christoffel-only (adaptive norm, second-order geodesic step), by Measure name
+#: (geodesic_{metric}_no_christoffel, geodesic_{metric}_christoffel_only).
+ABLATIONS: dict[str, Measure] = {
+    m.name: m for m in (Measure(metric=metric, step="straight") for metric in ("invariant", "mixed"))
+} | {m.name: m for m in (Measure(metric=metric, ball="adaptive") for metric in ("invariant", "mixed"))}
 
 
-@dataclass
-class LanguageResult:
-    """Everything the ``language`` notebook plots."""
-
-    members: Any            # DataFrame: one row per model (errors, gap, seed)
-    frame: Any              # measure_zoo frame of the three measures over their rho grids
-    table: Any              # split-half taus of the three measures
-    curves: Any             # tau vs rho (all models, selection half, evaluation half)
-    halves: dict
-    ablation_frame: Any
-    ablation_table: Any     # split-half taus of the ablations (full measures included)
-    ablation_curves: Any
-    eps_frame: Any
-    eps_table: Any          # tau vs eps at each metric's chosen rho
-    protocol: dict
-    meta: dict
-    retest: Any = None      # tau between each measure on the sharpness batches and on disjoint ones (chosen rho)
-
-
-def _curves(frame, gaps, halves, n_boot: int, seed: int):
+def member_table(zoo_dir: str | Path) -> "pd.DataFrame":
+    """One row per member of a trained zoo (index: its name): errors, gaps, seed, as ``zoo.json`` records."""
     import pandas as pd
 
-    from companion.experiments.zoo import tau_vs_rho
-
-    parts = [tau_vs_rho(frame, gaps, n_boot=n_boot, seed=seed).assign(models="all")]
-    for half in ("select", "eval"):
-        parts.append(tau_vs_rho(frame, gaps, n_boot=0, seed=seed, models=halves[half]).assign(models=half))
-    return pd.concat(parts, ignore_index=True)
+    return pd.DataFrame(load_zoo(zoo_dir)["models"]).set_index("name")
 
 
-def measure_language_zoo(params: Mapping[str, Any], *, progress: bool = True) -> LanguageResult:
-    """Sharpness of every model of a trained language zoo, and its correlation with the gap.
-
-    ``params`` (the ``language`` section of ``params.yaml``): ``zoo_dir``,
-    ``n_points``, ``batch_size``, ``data_seed`` (which training pairs), ``n_iters``
-    (Auto-PGD), ``seed``, ``rho_grid`` (per measure of
-    :data:`~companion.experiments.zoo.STANDARD_MEASURES`), ``ablation_rho_grid``
-    (per measure of :data:`ABLATION_MEASURES`; empty to skip), ``eps`` (the
-    relaxation used everywhere else), ``eps_grid`` (the Figure 9 sweep, at each
-    metric's chosen rho; empty to skip), ``split_seed``, ``n_boot``,
-    ``criterion`` and optionally ``n_models`` (the first n models only).
-    """
-    import pandas as pd
-
-    from companion.experiments.correlation import kendall_tau
-    from companion.experiments.zoo import STANDARD_MEASURES, measure_zoo, split_half_taus
-
-    p = dict(params)
-    required = ("zoo_dir", "n_points", "batch_size", "n_iters", "rho_grid")
-    missing = [k for k in required if k not in p]
-    if missing:
-        raise KeyError(f"language parameters lack {missing}")
-    zoo_dir = Path(p["zoo_dir"])
+def dev_errors(zoo_dir: str | Path, names: Sequence[str]) -> np.ndarray | None:
+    """Per-example dev errors ``[members, pairs]`` (0/1) of the members ``names`` on the zoo's
+    in-distribution dev split (the gap's evaluation set); None for McCoy et al.'s zoo, whose
+    per-example MNLI predictions are not kept."""
     zoo = load_zoo(zoo_dir)
-    records = zoo["models"][: p.get("n_models") or None]
-    members = pd.DataFrame(records).set_index("name")
-    gaps = members["gap"]
-    seed, n_iters = int(p.get("seed", 0)), int(p["n_iters"])
-    n_boot, split_seed = int(p.get("n_boot", 2000)), int(p.get("split_seed", 0))
-    criterion = p.get("criterion", "abs")
-    eps = float(p.get("eps", 0.0))
-    batches = sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)))
-    loaders = model_loaders(zoo_dir, list(members.index), p.get("device", "cpu"))
-    common = {"progress": False}
-    workers = int(p.get("workers") or 1)  # models measured in parallel processes (values unchanged)
-    geo = {k: ({**v, "eps": eps} if v["measure"] == "geodesic" else dict(v)) for k, v in STANDARD_MEASURES.items()}
-    seconds: dict[str, float] = {}
-
-    t0 = time.perf_counter()
-    frame = measure_zoo(loaders, batches, geo, p["rho_grid"], seed=seed, n_iters=n_iters,
-                        progress=progress, common=common, workers=workers)
-    seconds["main"] = time.perf_counter() - t0
-    table, halves = split_half_taus(frame, gaps, seed=split_seed, n_boot=n_boot, criterion=criterion,
-                                    paper=PAPER_TAU)
-    curves = _curves(frame, gaps, halves, n_boot, seed)
-    chosen = table.set_index("measure")["rho"].to_dict()
-
-    abl_grid = dict(p.get("ablation_rho_grid") or {})
-    ablation_frame = ablation_table = ablation_curves = None
-    if abl_grid:
-        unknown = set(abl_grid) - set(ABLATION_MEASURES)
-        if unknown:
-            raise ValueError(f"unknown ablation measures {sorted(unknown)}; known: {sorted(ABLATION_MEASURES)}")
-        ms = {k: {**ABLATION_MEASURES[k], "eps": eps} for k in abl_grid}
-        t0 = time.perf_counter()
-        af = measure_zoo(loaders, batches, ms, abl_grid, seed=seed, n_iters=n_iters,
-                         progress=progress, common=common, workers=workers)
-        seconds["ablations"] = time.perf_counter() - t0
-        full = frame[frame["measure"].isin(["geodesic_invariant", "geodesic_mixed"])]
-        ablation_frame = pd.concat([full, af], ignore_index=True)
-        ablation_table, _ = split_half_taus(ablation_frame, gaps, seed=split_seed, n_boot=n_boot,
-                                            criterion=criterion, paper=PAPER_ABLATION_TAU)
-        ablation_curves = _curves(ablation_frame, gaps, halves, n_boot, seed)
-
-    eps_grid = [float(e) for e in (p.get("eps_grid") or [])]
-    eps_frame = eps_table = None
-    if eps_grid:
-        ms, grid = {}, {}
-        for metric in ("invariant", "mixed"):
-            for e in eps_grid:
-                if e == eps:
-                    continue  # measured above
-                name = f"geodesic_{metric}@eps={e:g}"
-                ms[name] = Measure(metric=metric, eps=e).to_keywords()
-                grid[name] = [chosen[f"geodesic_{metric}"]]
-        t0 = time.perf_counter()
-        ef = measure_zoo(loaders, batches, ms, grid, seed=seed, n_iters=n_iters,
-                         progress=progress, common=common, workers=workers) if ms else frame.iloc[:0]
-        seconds["eps_sweep"] = time.perf_counter() - t0
-        rows, parts = [], []
-        for metric in ("invariant", "mixed"):
-            base = f"geodesic_{metric}"
-            rho = chosen[base]
-            for e in sorted(set(eps_grid) | {eps}):
-                if e == eps:
-                    sub = frame[(frame["measure"] == base) & (frame["rho"] == rho)]
-                else:
-                    sub = ef[ef["measure"] == f"{base}@eps={e:g}"]
-                sub = sub.assign(metric=metric, eps=e)
-                parts.append(sub)
-                vals = sub.set_index("model")["value"].reindex(members.index)
-                ev = halves["eval"]
-                t_ev = kendall_tau(vals.loc[ev].to_numpy(), gaps.loc[ev].to_numpy(), n_boot=n_boot, seed=seed)
-                t_all = kendall_tau(vals.to_numpy(), gaps.to_numpy(), n_boot=n_boot, seed=seed)
-                rows.append(dict(metric=metric, eps=e, rho=rho, tau=t_ev.tau, ci_low=t_ev.ci_low,
-                                 ci_high=t_ev.ci_high, tau_all=t_all.tau, ci_low_all=t_all.ci_low,
-                                 ci_high_all=t_all.ci_high, median_value=float(vals.median())))
-        eps_frame = pd.concat(parts, ignore_index=True)
-        eps_table = pd.DataFrame(rows)
-
-    retest = None
-    if p.get("retest", True) and zoo.get("kind") != "mccoy_bert":
-        # test-retest: the three measures at their chosen rho on n_points other training pairs
-        from companion.experiments.zoo import retest_taus
-
-        batches_b = sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)),
-                                      retest=True)
-        t0 = time.perf_counter()
-        second = measure_zoo(loaders, batches_b, geo, {k: [chosen[k]] for k in geo}, seed=seed, n_iters=n_iters,
-                             progress=progress, common=common, workers=workers)
-        seconds["retest"] = time.perf_counter() - t0
-        first = pd.concat([frame[(frame["measure"] == k) & (frame["rho"] == chosen[k])] for k in geo])
-        retest = retest_taus(first, second, n_boot=n_boot, seed=seed)
-
-    n_params = zoo["n_parameters"]
-    protocol = {
-        "n_models": len(members), "n_points": int(p["n_points"]), "batch_size": int(p["batch_size"]),
-        "n_batches": len(batches), "n_iters": n_iters, "seed": seed, "data_seed": int(p.get("data_seed", 0)),
-        "split_seed": split_seed, "n_boot": n_boot, "criterion": criterion, "eps": eps,
-        "rho_grid": p["rho_grid"], "ablation_rho_grid": abl_grid, "eps_grid": eps_grid,
-        "n_parameters": n_params, "model": zoo["spec"]["model"], "seconds": seconds,
-        "seconds_per_measure": frame.groupby("measure")["seconds"].agg(["mean", "sum"]).to_dict("index"),
-    }
-    meta = {k: v for k, v in zoo.items() if k != "models"}
-    return LanguageResult(members, frame, table, curves, halves, ablation_frame, ablation_table,
-                          ablation_curves, eps_frame, eps_table, protocol, meta, retest)
+    if zoo.get("kind") == "mccoy_bert":
+        return None
+    spec = ZooSpec.from_dict(zoo["spec"])
+    data = prepare_data(spec, Path(zoo_dir) / "corpus", save=False)
+    inputs, labels = data.encoded["dev"]
+    rows = []
+    for name in names:
+        _, pred = error_rate(load_model(zoo_dir, name, "cpu"), inputs, labels)
+        rows.append(pred != labels.numpy())
+    return np.array(rows, dtype=float)
 
 
 # ----------------------------------------------------------------------------
@@ -864,7 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"language zoo, profile {profile!r}, {threads} threads, {spec.workers} worker(s) -> {args.out}")
         zoo = train_zoo(spec, args.out)
         gaps = [m["gap"] for m in zoo["models"]]
-        print(f"{len(gaps)} models in {zoo['seconds_total']:.0f} s; gap from {min(gaps):.3f} "
+        secs = json.loads(timings_file(args.out).read_text())["seconds_total"]
+        print(f"{len(gaps)} models in {secs:.0f} s; gap from {min(gaps):.3f} "
               f"to {max(gaps):.3f}")
     return 0
 

@@ -26,14 +26,11 @@ import torch
 from torch import Tensor, nn
 
 import hideseek as hs
+from companion.experiments.zoo import STANDARD
 from hideseek.symmetries import find_symmetries
 
-#: The measures of the figure: adaptive beside the two geodesic ones.
-ORBIT_MEASURES: dict[str, dict[str, Any]] = {
-    "adaptive": dict(measure="adaptive", p="l2"),
-    "geodesic_invariant": dict(measure="geodesic", metric="invariant"),
-    "geodesic_mixed": dict(measure="geodesic", metric="mixed"),
-}
+#: The measures of the figure: adaptive beside the two geodesic ones (the paper's three).
+ORBIT_MEASURES: dict[str, hs.Measure] = STANDARD
 
 
 def draw_head_matrices(model: nn.Module, seed: int = 0) -> list[list[Tensor]]:
@@ -77,7 +74,7 @@ def _logits(model, x):
 
 
 def orbit_ratios(model: nn.Module, batch: tuple[Any, Tensor], scales: Sequence[float],
-                 rho: Mapping[str, float], *, measures: Mapping[str, Mapping] | None = None,
+                 rho: Mapping[str, float], *, measures: Mapping[str, hs.Measure] | None = None,
                  n_iters: int = 20, seed: int = 0, action_seeds: Sequence[int] = (0,),
                  progress: bool = False):
     """Sharpness of ``model`` on ``batch`` before and after the action ``A = a·N`` per head.
@@ -97,8 +94,8 @@ def orbit_ratios(model: nn.Module, batch: tuple[Any, Tensor], scales: Sequence[f
     logits0 = _logits(model, x).detach()
 
     def measure(m, k):
-        return hs.sharpness(m, [(x, y)], rho=float(rho[k]), n_iters=n_iters, seed=seed,
-                            progress=False, **measures[k]).value
+        return hs.sharpness(m, [(x, y)], measures[k], rho=float(rho[k]), n_iters=n_iters, seed=seed,
+                            progress=False).value
 
     before = {k: measure(model, k) for k in measures}
     rows = []
@@ -115,7 +112,7 @@ def orbit_ratios(model: nn.Module, batch: tuple[Any, Tensor], scales: Sequence[f
             t0 = time.perf_counter()
             v = measure(moved, k)
             rows.append(dict(action_seed=aseed, scale=float(a), measure=k, value=v, before=before[k],
-                             ratio=v / before[k], max_logit_change=change,
+                             ratio=v / before[k] if before[k] else float("nan"), max_logit_change=change,
                              seconds=time.perf_counter() - t0))
     return pd.DataFrame(rows)
 
@@ -127,28 +124,17 @@ def summarise(frame) -> Any:
                  max_abs_log_ratio=("log_dev", "max"), max_logit_change=("max_logit_change", "max"))
 
 
-def run_orbit(params: Mapping[str, Any], *, progress: bool = True):
-    """The figure's data for one member of a trained language zoo.
-
-    ``params``: ``zoo_dir``, ``model`` (member name, default the first), ``data_seed`` and
-    ``batch_size`` (which training pairs: the first sharpness batch), ``scales`` (default
-    ``logspace(-2, 2, 9)``), ``rho`` (per measure), ``n_iters``, ``seed``, ``action_seeds``,
-    ``dtype`` (``"float64"`` separates the solver's invariance from float32 rounding, which
-    the conditioning of ``A`` amplifies; default ``"float32"``, the zoo's).
-    """
+def run_orbit(zoo_dir: str, name: str, batch: tuple[Any, Tensor], *, scales: Sequence[float],
+              rho: Mapping[str, float], n_iters: int, seed: int, action_seeds: Sequence[int], dtype: str,
+              device: str, progress: bool = False):
+    """The figure's data for the member ``name`` of a trained language zoo on ``batch`` (the first
+    sharpness batch); ``dtype`` ``"float64"`` separates the solver's invariance from float32
+    rounding, which the conditioning of ``A`` amplifies (``"float32"``: the zoo's)."""
     from companion.experiments import language_zoo as lz
 
-    p = dict(params)
-    zoo_dir = p["zoo_dir"]
-    zoo = lz.load_zoo(zoo_dir)
-    name = p.get("model") or zoo["models"][0]["name"]
-    bs = int(p.get("batch_size", 128))
-    batch = lz.sharpness_batches(zoo_dir, bs, bs, int(p.get("data_seed", 0)))[0]
-    dtype = {"float32": torch.float32, "float64": torch.float64}.get(str(p.get("dtype", "float32")))
-    if dtype is None:
-        raise ValueError(f"dtype must be 'float32' or 'float64', got {p.get('dtype')!r}")
-    model = lz.load_model(zoo_dir, name, p.get("device", "cpu")).to(dtype)
-    scales = [float(s) for s in (p.get("scales") or np.logspace(-2, 2, 9))]
-    return orbit_ratios(model, batch, scales, p["rho"], n_iters=int(p.get("n_iters", 20)),
-                        seed=int(p.get("seed", 0)), action_seeds=[int(s) for s in p.get("action_seeds", [0])],
-                        progress=progress).assign(model=name, dtype=str(dtype).replace("torch.", ""))
+    dtypes = {"float32": torch.float32, "float64": torch.float64}
+    if dtype not in dtypes:
+        raise ValueError(f"orbit dtype must be 'float32' or 'float64', got {dtype!r}")
+    model = lz.load_model(zoo_dir, name, device).to(dtypes[dtype])
+    return orbit_ratios(model, batch, [float(a) for a in scales], rho, n_iters=n_iters, seed=seed,
+                        action_seeds=[int(a) for a in action_seeds], progress=progress).assign(model=name, dtype=dtype)

@@ -10,7 +10,7 @@ generalisation gaps the zoo records.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from companion.experiments import language_zoo as lz
 
@@ -31,26 +31,22 @@ def relative_flatness_values(loaders: Sequence, batches: Sequence, layer: str = 
     return pd.DataFrame(rows)
 
 
-def run_relative(params: Mapping[str, Any], *, n_boot: int = 2000, seed: int = 0):
-    """Relative flatness of every member of ``params["zoo_dir"]`` on the sharpness batches
-    (``n_points``, ``batch_size``, ``data_seed`` as the ``language`` stage), and Kendall tau
-    against each gap the zoo records (no tau for fewer than 3 members). Returns ``(values, taus)``."""
+def run_relative(zoo_dir: str | Path, names: Sequence[str], batches: Sequence, members, *, layer: str,
+                 device: str, n_boot: int, seed: int):
+    """Relative flatness of the members ``names`` of ``zoo_dir`` on ``batches`` (the ``language``
+    stage's sharpness batches), and Kendall tau against each gap ``members`` (a frame indexed by
+    name) records (no tau for fewer than 3 members). Returns ``(values, taus)``."""
     import pandas as pd
 
     from companion.experiments.correlation import kendall_tau
 
-    p = dict(params)
-    zoo_dir = Path(p["zoo_dir"])
-    zoo = lz.load_zoo(zoo_dir)
-    batches = lz.sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)))
-    names = [m["name"] for m in zoo["models"]][: p.get("n_models") or None]
-    values = relative_flatness_values(lz.model_loaders(zoo_dir, names, p.get("device", "cpu")), batches,
-                                      p.get("layer", "classifier.weight"))
-    members = pd.DataFrame(zoo["models"]).set_index("name").loc[names]
+    values = relative_flatness_values(lz.model_loaders(zoo_dir, list(names), device), batches, layer)
+    members = members.loc[list(names)]
+    gaps = [c for c in ("gap",) + GAP_COLUMNS if c in members]
     rows = []
-    for g in [c for c in ("gap",) + GAP_COLUMNS if c in members and len(names) >= 3]:
+    for g in gaps if len(names) >= 3 else []:
         t = kendall_tau(values["value"].to_numpy(), members[g].to_numpy(dtype=float), n_boot=n_boot, seed=seed)
         rows.append(dict(measure="relative_flatness", gap=g, tau=t.tau, ci_low=t.ci_low, ci_high=t.ci_high,
                          pvalue=t.pvalue, n=t.n))
-    return values.assign(**{g: members[g].to_numpy() for g in ("gap",) + GAP_COLUMNS if g in members}), \
+    return values.assign(**{g: members[g].to_numpy() for g in gaps}), \
         pd.DataFrame(rows, columns=["measure", "gap", "tau", "ci_low", "ci_high", "pvalue", "n"])
