@@ -302,8 +302,9 @@ class DiagonalBall:
     def sqnorm(self, x: list[torch.Tensor]) -> torch.Tensor:
         return (self.w * x[0] ** 2).sum(-1)
 
-    def direction(self, egrad: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Unit-norm Riemannian gradient ``(g / w) / ||g / w||_w`` (zero where the gradient is)."""
+    def direction(self, egrad: list[torch.Tensor], inplace: bool = False) -> list[torch.Tensor]:
+        """Unit-norm Riemannian gradient ``(g / w) / ||g / w||_w`` (zero where the gradient is);
+        ``inplace`` (the library solver's hint that ``egrad`` may be overwritten) is ignored."""
         r = egrad[0] / self.w
         nrm = torch.sqrt((egrad[0] * r).sum(-1, keepdim=True))
         return [torch.where(nrm > 0, r / torch.where(nrm > 0, nrm, 1.0), 0.0)]
@@ -320,6 +321,10 @@ class DiagonalBall:
         if bool(inside.all()):
             return [y]
         return [torch.where(inside, y, torch.maximum(self._scale(z, rho) * z, self.lower))]
+
+    def shrink_(self, x: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
+        """:meth:`ball` as the library solver's in-place shrink (a new tensor here: these are tiny)."""
+        return self.ball(x, rho, project=False)
 
     def _scale(self, z: torch.Tensor, rho: float) -> torch.Tensor:
         """Per row, the largest ``s in (0, 1]`` with ``||max(s z, l)||_w <= rho`` (shape ``[..., 1]``).
