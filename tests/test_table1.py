@@ -56,3 +56,17 @@ def test_table1_columns_order_and_ceiling_sentence(tmp_path):
     assert text.count("this zoo cannot show the paper's value") == 3
     h = cm.headline(json.loads((mdir / "vision.json").read_text()))
     assert h["n"] == 72 and h["table1"][1]["tau_ceiling"] == rel["tau_ceiling"]   # headline: the primary entry
+
+
+def test_readme_table1_block_is_generated_from_the_committed_table():
+    """The README's Table 1 summary is what readme_summary makes of reports/table1.csv
+    (no number typed by hand, none stale)."""
+    from pathlib import Path
+
+    from companion.experiments.table1 import README_BEGIN, README_END, readme_summary
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    block = text[text.index(README_BEGIN):text.index(README_END) + len(README_END)]
+    assert block == readme_summary(root / "reports" / "table1.csv")
+    assert "| ours |" in block and "| paper |" in block

@@ -223,12 +223,53 @@ def write(metrics_dir: str | os.PathLike = "reports/metrics", out_dir: str | os.
     return out / "table1.md", out / "table1.csv"
 
 
+README_BEGIN, README_END = "<!-- table1:begin (python -m companion.experiments.table1 --readme README.md) -->", \
+    "<!-- table1:end -->"
+
+
+def readme_summary(csv_path: str | os.PathLike) -> str:
+    """The README's summary of Table 1: the paper's lines and our primary lines, with the
+    gap's reliability and each measure's retest and ceiling (generated from ``table1.csv``)."""
+    with open(csv_path, newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["source"] == "paper" or r["comparison"] == "primary"]
+    head = ["| setting | source | models | gap rel. | adaptive | geodesic, invariant | geodesic, mixed |",
+            "|---|---|---|---|---|---|---|"]
+    body = []
+    for r in rows:
+        cells = []
+        for m in MEASURES:
+            if not r[m]:
+                cells.append("–")
+                continue
+            c = f"{float(r[m]):+.2f}"
+            if r[f"{m}_ci_low"]:
+                c += f" [{float(r[f'{m}_ci_low']):+.2f}, {float(r[f'{m}_ci_high']):+.2f}]"
+            if r[f"retest_{m}"]:
+                c += f" · retest {float(r[f'retest_{m}']):.2f}, ceiling {float(r[f'tau_ceiling_{m}']):.2f}"
+            cells.append(c)
+        rel = f"{float(r['gap_reliability']):.2f}" if r["gap_reliability"] else "–"
+        body.append(f"| {r['setting']} | {r['source']} | {r['n_models'] or '–'} | {rel} | " + " | ".join(cells) + " |")
+    return "\n".join([README_BEGIN, *head, *body, README_END])
+
+
+def update_readme(readme: str | os.PathLike, csv_path: str | os.PathLike) -> None:
+    """Replace the generated Table 1 block of ``readme`` (between its markers)."""
+    text = Path(readme).read_text()
+    a, b = text.find(README_BEGIN), text.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(f"{readme} has no generated Table 1 block ({README_BEGIN!r} … {README_END!r})")
+    _atomic_write(Path(readme), text[:a] + readme_summary(csv_path) + text[b + len(README_END):])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m companion.experiments.table1", description=__doc__.split("\n")[0])
     ap.add_argument("--metrics-dir", default="reports/metrics")
     ap.add_argument("--out-dir", default="reports")
+    ap.add_argument("--readme", default=None, help="also refresh this README's generated Table 1 block")
     args = ap.parse_args(argv)
     md, csv_path = write(args.metrics_dir, args.out_dir)
+    if args.readme:
+        update_readme(args.readme, csv_path)
     print(Path(md).read_text())
     print(f"wrote {md} and {csv_path}")
     return 0
