@@ -25,8 +25,8 @@ from torch.func import vmap
 from .measures import Measure
 from .inputs import check_batch_losses, check_model, unwrap_model
 from .sharpness import (SharpnessInputError, SharpnessResult, _assemble, _check_batches, _check_exclude,
-                        _check_settings, _check_weights, _perturbed, _random_point, _set_up, _setup_start,
-                        _to)
+                        _check_restarts, _check_settings, _check_weights, _is_int, _perturbed, _random_point,
+                        _set_up, _setup_start, _to)
 from .solvers.apgd import SolverResult, apgd_search
 
 #: members per pass when ``chunk`` is not given
@@ -136,10 +136,9 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     rhos, many = _rhos(rho)
     for r in rhos:
         _check_settings(measure, r, n_iters, None, seed)
-    if isinstance(restarts, bool) or not isinstance(restarts, numbers.Integral) or restarts < 1:
-        raise ValueError(f"restarts must be an integer >= 1 (Auto-PGD starts per batch), got {restarts!r}")
+    _check_restarts(restarts)
     chunk = DEFAULT_CHUNK if chunk is None else chunk
-    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
+    if not _is_int(chunk) or chunk < 1:
         raise ValueError(f"chunk must be an integer >= 1 (members per pass), got {chunk!r}")
     models = _check_zoo([unwrap_model(m) for m in models])
     exclude = _check_exclude(exclude, [n for n, _ in models[0].named_parameters()])
