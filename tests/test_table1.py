@@ -70,3 +70,22 @@ def test_readme_table1_block_is_generated_from_the_committed_table():
     block = text[text.index(README_BEGIN):text.index(README_END) + len(README_END)]
     assert block == readme_summary(root / "reports" / "table1.csv")
     assert "| ours |" in block and "| paper |" in block
+
+
+def test_reliability_column_is_the_retest_unless_the_value_averages_both(tmp_path):
+    """Vision (value = one of the two measurements): reliability_<m> is the retest. Language
+    (value = mean of both halves): the recorded Spearman–Brown reliability, shown beside the retest."""
+    mdir = tmp_path / "m"
+    ret = {m: 0.5 for m in TAU}
+    rel = {m: 0.7 for m in TAU}
+    _write(mdir, "vision", {"row": "vision", "variant": "v", "primary": True, "tau": TAU, "n_models": 72,
+                            "retest": ret, "gap_reliability": 0.9, "tau_ceiling": ret, "power": ret})
+    _write(mdir, "language", {"row": "language", "variant": "l", "primary": True, "tau": TAU, "n_models": 50,
+                              "retest": ret, "reliability": rel, "gap_reliability": 0.9, "tau_ceiling": rel,
+                              "power": rel})
+    md, csv_path = table1.write(mdir, tmp_path)
+    rows = {r["row"]: r for r in csv.DictReader(csv_path.open()) if r["source"] == "ours"}
+    for m in TAU:
+        assert float(rows["vision"][f"reliability_{m}"]) == 0.5
+        assert float(rows["language"][f"reliability_{m}"]) == 0.7 and float(rows["language"][f"retest_{m}"]) == 0.5
+    assert "retest 0.50 (mean of both halves 0.70)" in md.read_text()

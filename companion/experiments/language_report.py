@@ -10,9 +10,10 @@ before the main zoo was measured (chosen on pilot members by test–retest,
 pairs in batches of ``batch_size``, ``n_iters`` Auto-PGD iterations; Kendall τ against the
 in-distribution gap (dev − train error) with a bootstrap interval. Beside each τ: the
 measure's test–retest (τ between its values on the first and the second half of the
-batches, disjoint pairs), the gap's reliability across members (split halves of the shared
-dev set, from per-example errors), the ceiling on |τ| they imply and the power at the
-paper's τ. No radius is chosen on the gap.
+batches, disjoint pairs) and the reliability of the value τ uses — the mean of both halves —
+by Spearman–Brown (:func:`full_length_reliability`), the gap's reliability across members
+(split halves of the shared dev set, from per-example errors), the ceiling on |τ| they imply
+and the power at the paper's τ (both from the value's reliability). No radius is chosen on the gap.
 
 **Exploratory** (labelled so in the metrics): τ against ρ over a grid, the Appendix G
 ablations, the ε sweep (at ``exploratory.n_points`` × ``exploratory.n_iters``, a cheaper
@@ -139,9 +140,23 @@ def ceiling(retest_tau: float, rel_y: float) -> float:
     return float(2 / math.pi * math.asin(math.sqrt(min(r, 1.0))))
 
 
+def full_length_reliability(half_retest_tau: float, k: int = 2) -> float:
+    """Reliability, on the Kendall-τ scale of a retest, of the mean of ``k`` parallel halves whose
+    test–retest τ is ``half_retest_tau`` (Spearman–Brown: r = sin(πτ/2), R = k·r / (1 + (k − 1)·r),
+    back to τ = (2/π)·arcsin R). The primary value is the mean over both halves (``k = 2``), so its
+    ceiling and power use this, not the retest of one half. A retest ≤ 0 (no signal) gives 0."""
+    if not math.isfinite(half_retest_tau) or k < 1:
+        return math.nan
+    r = math.sin(math.pi * half_retest_tau / 2)
+    if r <= 0:
+        return 0.0
+    return float(2 / math.pi * math.asin(k * r / (1 + (k - 1) * r)))
+
+
 def primary_table(s: LanguageSettings, frame: pd.DataFrame, members: pd.DataFrame,
                   gap_rel: float | None) -> pd.DataFrame:
-    """One row per measure: τ with the gap over all members, retest of the halves, ceiling, power."""
+    """One row per measure: τ with the gap over all members, retest of the halves, the reliability of
+    their mean (:func:`full_length_reliability`, the value τ is computed from), ceiling, power."""
     first, second = per_batch_halves(frame)
     rows = []
     for name in STANDARD:
@@ -151,12 +166,13 @@ def primary_table(s: LanguageSettings, frame: pd.DataFrame, members: pd.DataFram
         b = second[second["measure"] == name].set_index("model")["value"].loc[members.index]
         rt = kendall_tau(a.to_numpy(), b.to_numpy(), n_boot=s.n_boot, seed=s.seed)
         known = gap_rel is not None and math.isfinite(gap_rel) and math.isfinite(rt.tau)
+        rel = full_length_reliability(rt.tau)   # the value is the mean of the two halves
         rows.append(dict(
             measure=name, label=STANDARD[name].label, rho=s.rho[name], tau=t.tau, ci_low=t.ci_low,
             ci_high=t.ci_high, pvalue=t.pvalue, n=t.n, paper=lz.PAPER_TAU[name], retest=rt.tau,
-            retest_ci_low=rt.ci_low, retest_ci_high=rt.ci_high, gap_reliability=gap_rel,
-            ceiling=ceiling(rt.tau, gap_rel) if known else math.nan,
-            power=lp.power(t.n, lz.PAPER_TAU[name], max(rt.tau, 0.0), max(gap_rel, 0.0), alpha=s.power_alpha,
+            retest_ci_low=rt.ci_low, retest_ci_high=rt.ci_high, reliability=rel, gap_reliability=gap_rel,
+            ceiling=ceiling(rel, gap_rel) if known else math.nan,
+            power=lp.power(t.n, lz.PAPER_TAU[name], rel, max(gap_rel, 0.0), alpha=s.power_alpha,
                            n_sim=s.power_n_sim, seed=s.seed) if known else math.nan))
     return pd.DataFrame(rows)
 
@@ -254,7 +270,7 @@ def table1_entries(primary: pd.DataFrame, subsets: dict, n_members: int) -> list
     entry = {"row": "language", "variant": f"{n_members} seed-only BERT fine-tunes, all members, ρ pre-registered "
              "on pilot members (test–retest)", "primary": True, "exploratory": False, "n_models": n_members,
              "tau": t["tau"].to_dict(), "ci": {m: [r.ci_low, r.ci_high] for m, r in t.iterrows()},
-             "rho": t["rho"].to_dict(), "retest": t["retest"].to_dict()}
+             "rho": t["rho"].to_dict(), "retest": t["retest"].to_dict(), "reliability": t["reliability"].to_dict()}
     if t["ceiling"].notna().all():
         entry |= {"gap_reliability": float(t["gap_reliability"].iloc[0]), "tau_ceiling": t["ceiling"].to_dict(),
                   "power": t["power"].to_dict()}
@@ -282,7 +298,8 @@ def report_metrics(rep: LanguageReport, profile: str) -> dict:
         "profile": profile,
         "setting": f"{rep.kind}: {len(members)} seed-only fine-tunes",
         "primary": rep.primary.to_dict("records"),
-        "tau": {r["measure"]: {k: r[k] for k in ("tau", "ci_low", "ci_high", "pvalue", "n", "rho", "retest")}
+        "tau": {r["measure"]: {k: r[k] for k in ("tau", "ci_low", "ci_high", "pvalue", "n", "rho", "retest",
+                                                     "reliability")}
                 for r in rep.primary.to_dict("records")},
         "paper_tau": lz.PAPER_TAU,
         "exploratory": {"tau_vs_rho": records(ex["curves"]), "ablations": records(ex["ablation_curves"]),
@@ -305,7 +322,8 @@ def findings(primary: pd.DataFrame, subsets: dict) -> str:
     for r in primary.itertuples():
         sig = "excludes 0" if r.ci_low > 0 or r.ci_high < 0 else "includes 0"
         line = (f"- **{r.label}** (ρ = {r.rho:g}, pre-registered): τ = {r.tau:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}] "
-                f"over {r.n} members (interval {sig}; paper {r.paper:+.2f}); test–retest {r.retest:.2f}")
+                f"over {r.n} members (interval {sig}; paper {r.paper:+.2f}); test–retest of the two halves "
+                f"{r.retest:.2f}, reliability of their mean (Spearman–Brown, τ scale) {r.reliability:.2f}")
         if not pd.isna(r.ceiling):
             line += (f", gap reliability {r.gap_reliability:.2f}, ceiling on |τ| {r.ceiling:.2f}, power at the "
                      f"paper's τ {r.power:.2f}")

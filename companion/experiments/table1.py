@@ -12,7 +12,8 @@ entry or a list of entries of the form::
      "rho": 0.1,                           # optional (a number or a dict per measure)
      "n_models": 50,
      "primary": true, "exploratory": false,  # optional: the row's primary comparison / exploratory
-     "gap_reliability": g, "retest": {...}, "tau_ceiling": {...}, "power": {...}}   # optional
+     "gap_reliability": g, "retest": {...}, "tau_ceiling": {...}, "power": {...},   # optional
+     "reliability": {...}}                 # optional: of the value τ uses, when it is not one retest measurement
 
 (the full layout: :mod:`companion.metrics`; the reliability keys from
 :func:`companion.metrics.reliability_fields`) and the pipeline adds the top-level ``"profile"``. This module reads all
@@ -20,7 +21,7 @@ metrics files, lists the paper's three rows in the paper's order with the
 paper's values, our values (and intervals) beside them, the profile that
 produced them, and marks rows no stage has produced as "not computed yet". ``table1.csv`` has
 the columns ``comparison`` (primary / exploratory), ``gap_reliability``, ``retest_<measure>``,
-``tau_ceiling_<measure>`` and ``power_<measure>`` (empty where a line lacks them); below the
+``reliability_<measure>``, ``tau_ceiling_<measure>`` and ``power_<measure>`` (empty where a line lacks them); below the
 table, a sentence for every line whose ceiling on |τ| lies below the paper's |τ|.
 
 ``python -m companion.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
@@ -108,12 +109,22 @@ def _status(e: dict[str, Any]) -> str:
 
 
 def _reliability_columns(e: dict[str, Any]) -> dict[str, Any]:
-    """``gap_reliability``, ``retest_<m>``, ``tau_ceiling_<m>``, ``power_<m>`` (empty where absent)."""
+    """``gap_reliability``, ``retest_<m>``, ``reliability_<m>``, ``tau_ceiling_<m>``, ``power_<m>``
+    (empty where absent). ``reliability_<m>``: the reliability (Kendall-τ scale) of the value τ is
+    computed from — the retest itself where the value is one of the two measurements (vision), the
+    Spearman–Brown reliability of their mean where it averages both (language)."""
     out: dict[str, Any] = {"gap_reliability": e.get("gap_reliability", "")}
-    for key in ("retest", "tau_ceiling", "power"):
-        vals = e.get(key) or {}
+    for key in ("retest", "reliability", "tau_ceiling", "power"):
+        vals = e.get(key) or (e.get("retest") or {} if key == "reliability" else {})
         out.update({f"{key}_{m}": vals.get(m, "") for m in MEASURES})
     return out
+
+
+def _reliability_str(e: dict[str, Any], m: str) -> str:
+    """"retest r" and, where the value averages both measurements, "(mean of both r')"."""
+    out = f"retest {e['retest'][m]:.2f}"
+    rel = (e.get("reliability") or {}).get(m)
+    return out + (f" (mean of both halves {rel:.2f})" if rel is not None and rel != e["retest"][m] else "")
 
 
 def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: str) -> dict[str, Any]:
@@ -137,7 +148,7 @@ def _cell(e: dict[str, Any], m: str) -> str:
     out = _fmt(e["tau"][m]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
     out += _spread_str((e.get("spread") or {}).get(m))
     if m in (e.get("tau_ceiling") or {}):
-        out += f" · retest {e['retest'][m]:.2f}, ceiling {e['tau_ceiling'][m]:.2f}"
+        out += f" · {_reliability_str(e, m)}, ceiling {e['tau_ceiling'][m]:.2f}"
     return out
 
 
@@ -150,7 +161,7 @@ def ceiling_notes(row: dict[str, Any], e: dict[str, Any]) -> list[str]:
             power = (e.get("power") or {}).get(m)
             notes.append(
                 f"* {row['ours']} ({e.get('variant') or _status(e)}), {MEASURE_TITLES[m]}: the gap's reliability "
-                f"{e['gap_reliability']:.2f} and the measure's test–retest τ {e['retest'][m]:.2f} cap the observable "
+                f"{e['gap_reliability']:.2f} and the measure's {_reliability_str(e, m)} cap the observable "
                 f"|τ| at {c:.2f}, below the paper's |τ| = {abs(p):.2f}; this zoo cannot show the paper's value"
                 + (f" (power at the paper's τ with {e.get('n_models')} models: {power:.2f})." if power is not None
                    else "."))
@@ -172,7 +183,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
         "other line is exploratory (\"not declared\": a stage that has not labelled its lines yet). "
         "\"zoos: a / b / c (sd s)\": τ of the same measure at the same ρ over independently seeded "
         "zoos. \"retest r, ceiling c\": the measure's test–retest τ and the largest |τ| the gap's "
-        "reliability (column \"gap rel.\") and that retest allow.",
+        "reliability (column \"gap rel.\") and that retest allow; \"(mean of both halves r')\": where the value "
+        "averages the two retest halves, its reliability (Spearman–Brown, τ scale), which sets the ceiling.",
         "",
         "| setting | source | comparison | profile | models | ρ | gap rel. | "
         + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " |",
@@ -245,7 +257,10 @@ def readme_summary(csv_path: str | os.PathLike) -> str:
             if r[f"{m}_ci_low"]:
                 c += f" [{float(r[f'{m}_ci_low']):+.2f}, {float(r[f'{m}_ci_high']):+.2f}]"
             if r[f"retest_{m}"]:
-                c += f" · retest {float(r[f'retest_{m}']):.2f}, ceiling {float(r[f'tau_ceiling_{m}']):.2f}"
+                c += f" · retest {float(r[f'retest_{m}']):.2f}"
+                if r.get(f"reliability_{m}") and r[f"reliability_{m}"] != r[f"retest_{m}"]:
+                    c += f" (mean of both halves {float(r[f'reliability_{m}']):.2f})"
+                c += f", ceiling {float(r[f'tau_ceiling_{m}']):.2f}"
             cells.append(c)
         rel = f"{float(r['gap_reliability']):.2f}" if r["gap_reliability"] else "–"
         body.append(f"| {r['setting']} | {r['source']} | {r['n_models'] or '–'} | {rel} | " + " | ".join(cells) + " |")
