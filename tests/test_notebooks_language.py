@@ -64,6 +64,19 @@ def test_language_notebook_runs_and_publishes(tmp_path):
         first = [np.mean(p[:2]) for p in per_batch]
         second = [np.mean(p[2:]) for p in per_batch]
         assert primary["retest"][measure] == pytest.approx(stats.kendalltau(first, second).statistic, nan_ok=True)
+        # the value tau uses is the mean of the two halves; its reliability is Spearman-Brown of their retest
+        assert np.allclose(rows["value"], (np.array(first) + np.array(second)) / 2)
+        rt = primary["retest"][measure]
+        if np.isfinite(rt) and rt > 0:
+            r = np.sin(np.pi * rt / 2)
+            assert primary["reliability"][measure] == pytest.approx(2 / np.pi * np.arcsin(2 * r / (1 + r)))
+    # dvc plots data: the primary values against the gap, one column per measure
+    scatter = pd.read_csv(data / "plot_scatter.csv")   # one row per member, in members.csv's order
+    assert list(scatter.columns) == ["gap", *RHO] and np.allclose(scatter["gap"], members["gap"])
+    for measure in RHO:
+        rows = sharp[sharp.measure == measure].set_index("model")
+        assert np.allclose(scatter[measure], rows.loc[members.index, "value"])
+    assert set(pd.read_csv(data / "plot_tau_vs_rho.csv").columns) == {"rho", *RHO}
     # the exploratory curves at the cheaper protocol cover the grids
     curves = pd.read_csv(data / "tau_vs_rho.csv")
     assert set(zip(curves.measure, curves.rho)) == {(m, r) for m in RHO for r in (0.05, 0.2)}

@@ -359,6 +359,11 @@ def save_report_data(rep: LanguageReport, out_dir: str | Path) -> None:
         if col in members:
             members[col] = members[col].map(json.dumps)
     members.to_csv(data / "members.csv")
+    if ex["curves"] is not None:   # dvc.yaml plots: τ against ρ (exploratory), primary values against the gap
+        from companion.metrics import write_plot_data
+
+        values = rep.frame.pivot_table(index="model", columns="measure", values="value", sort=False)
+        write_plot_data(data, ex["curves"], rep.members[["gap"]].join(values[list(STANDARD)]))
 
 
 def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "cpu", *,
