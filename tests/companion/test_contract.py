@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
+
 #: notebooks/<name>.ipynb under the notebook contract
 NOTEBOOKS = ["toy", "diagonal", "vision", "sam", "language"]
 #: companion modules whose functions are held to 80 lines

@@ -2,14 +2,13 @@
 code cell types them, and Table 1 lists them from there."""
 import ast
 import json
-from pathlib import Path
 
 import pytest
 
 from companion import paper
 from companion.experiments import table1
+from tests import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PAPER_VALUES = {abs(v) for row in paper.TABLE1_TAU.values() for v in row.values()} | {
     abs(v) for v in paper.LANGUAGE_ABLATION_TAU.values()}
 

@@ -1,16 +1,15 @@
 """companion.params: the one reader of params.yaml (defaults + per-profile changes)."""
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from companion.params import PROFILES, ParamsError, load_params, stage_params
+from tests import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 #: Resolved params.yaml of every stage and profile, captured from the file *before* it was split
 #: into defaults + per-profile changes (commit 2cacf74, by the old reader params[stage][profile]).
-FIXTURE = Path(__file__).parent / "fixtures" / "params_resolved.json"
+FIXTURE = ROOT / "tests" / "fixtures" / "params_resolved.json"
 
 
 def test_split_params_yaml_resolves_exactly_as_before():

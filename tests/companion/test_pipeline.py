@@ -14,6 +14,7 @@ from companion.pipeline import (
     resolve_stage_params,
     run_stage,
 )
+from tests import ROOT
 
 NB_BODY = """
 import json, os
@@ -100,8 +101,6 @@ def test_run_publishes_then_failure_leaves_reports_untouched(tmp_path):
 
 
 # --------------------------------------------------------------------------- DVC headlines
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_headline_from_full_metrics(tmp_path):

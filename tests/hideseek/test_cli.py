@@ -6,7 +6,7 @@ import torch
 
 from hideseek.cli import main
 
-from models import bert_batch, tiny_bert
+from tests.models import bert_batch, tiny_bert
 
 
 def test_cli_sharpness_on_saved_hf_model(tmp_path, capsys):

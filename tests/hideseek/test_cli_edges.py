@@ -9,7 +9,7 @@ import torch
 import hideseek.cli as cli
 from hideseek.cli import main
 
-from models import bert_batch, tiny_bert
+from tests.models import bert_batch, tiny_bert
 
 tr = pytest.importorskip("transformers")
 

@@ -13,7 +13,7 @@ import torch
 import hideseek as hs
 from benchmarks.models import MODELS, build, make_batches
 
-from models import bert_batch, tiny_bert
+from tests.models import bert_batch, tiny_bert
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (make gpu-check)")]

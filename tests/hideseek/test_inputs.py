@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from hideseek import SharpnessInputError, sharpness
 
-from models import MHAClassifier, bert_batch, tiny_bert
+from tests.models import MHAClassifier, bert_batch, tiny_bert
 
 FAST = dict(rho=0.05, n_iters=2, progress=False)
 

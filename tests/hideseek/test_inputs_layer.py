@@ -11,7 +11,7 @@ from torch import nn
 from hideseek import SharpnessInputError, relative_flatness, sharpness
 from hideseek.inputs import unwrap_model
 
-from models import MHAClassifier, bert_batch, tiny_bert
+from tests.models import MHAClassifier, bert_batch, tiny_bert
 
 FAST = dict(rho=0.05, n_iters=2, progress=False)
 

@@ -19,7 +19,7 @@ from hideseek.utils import HostSyncCounter
 from benchmarks.bench_sharpness import auto_pgd_syncs
 from torch.func import functional_call
 
-from models import MHAClassifier, bert_batch, tiny_bert
+from tests.models import MHAClassifier, bert_batch, tiny_bert
 
 MEASURES = [dict(measure="adaptive"), dict(metric="invariant"), dict(metric="mixed"),
             dict(metric="invariant", christoffel=False), dict(metric="mixed", norm="adaptive")]

@@ -16,8 +16,8 @@ from hideseek.solvers import apgd
 from hideseek.symmetries.discover import find_symmetries
 from torch.func import functional_call
 
-from models import MHAClassifier, bert_batch, tiny_bert
-from test_sharpness import _mha_batches
+from tests.hideseek.test_sharpness import _mha_batches
+from tests.models import MHAClassifier, bert_batch, tiny_bert
 
 KW = dict(rho=0.2, n_iters=6, progress=False, seed=5)
 

@@ -8,7 +8,7 @@ import torch
 import hideseek as hs
 from hideseek import SharpnessInputError
 
-from models import MHAClassifier
+from tests.models import MHAClassifier
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from hideseek.geometry.space import ProductGeometry
 from hideseek.solvers import apgd, apgd_checkpoints, random_search
 from hideseek.symmetries import apply_random_action, find_symmetries
 
-from models import ClipImageClassifier, MHAClassifier, bert_batch, tiny_bert, tiny_clip
+from tests.models import ClipImageClassifier, MHAClassifier, bert_batch, tiny_bert, tiny_clip
 
 FAST = dict(n_iters=4, progress=False)
 

@@ -11,7 +11,7 @@ import torch
 import hideseek as hs
 
 from benchmarks.models import MODELS, build, make_batches
-from models import MHAClassifier, bert_batch, tiny_bert
+from tests.models import MHAClassifier, bert_batch, tiny_bert
 
 KW = dict(n_iters=6, seed=3)
 

@@ -10,7 +10,6 @@ in numpy (float64), from those TensorFlow-read values.
 """
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +19,9 @@ from companion.assets import AssetError, MissingAssetsError
 from companion.assets.bert_mcoy import LABELS, load_mccoy_bert, mccoy_tokenizer, convert_tf_bert
 from companion.assets.tf_checkpoint import (CheckpointFormatError, TFCheckpointReader, crc32c,
                                            resolve_checkpoint_prefix)
+from tests import ROOT
 
-FIX = Path(__file__).parent / "data" / "mccoy_bert_tiny"
+FIX = ROOT / "tests" / "data" / "mccoy_bert_tiny"
 RUN = FIX / "mccoy_bert" / "bert_00"
 CONFIG = FIX / "mccoy_bert" / "uncased_L-12_H-768_A-12" / "bert_config.json"
 

@@ -11,8 +11,7 @@ import yaml
 from companion.assets import MissingAssetsError, check_assets, find_missing, fingerprint, load_manifest
 from companion.assets.__main__ import main
 from companion.assets.manifest import DEFAULT_MANIFEST, _ranges
-
-REPO = Path(__file__).resolve().parents[1]
+from tests import ROOT as REPO
 
 
 def touch(path: Path) -> None:

@@ -1,7 +1,6 @@
 """MNLI from GLUE TSV and MultiNLI JSONL files (tiny ones written here), tokenised batches."""
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +9,9 @@ import torch
 from companion.assets import AssetError, MissingAssetsError
 from companion.assets.bert_mcoy import load_mccoy_bert, mccoy_tokenizer
 from companion.assets.mnli import (LABELS, iter_batches, load_mnli, mnli_sharpness_batches, read_pairs)
+from tests import ROOT
 
-FIX = Path(__file__).parent / "data" / "mccoy_bert_tiny"
+FIX = ROOT / "tests" / "data" / "mccoy_bert_tiny"
 
 # (premise, hypothesis, gold label); the quote characters must survive (GLUE's TSV is unquoted)
 TRAIN = [

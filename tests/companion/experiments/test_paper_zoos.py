@@ -34,11 +34,11 @@ from companion.assets.manifest import DEFAULT_MANIFEST
 from companion.assets.mnli import encode, read_glue_tsv
 from companion.assets.tf_checkpoint import TFCheckpointReader, crc32c, read_sstable
 from companion.experiments import paper_zoos as pz
-from test_assets_clip import openai_clip_soup_state_dict, reference_logits
-from test_assets_mnli import DEV, DEV_HEADER, TRAIN, TRAIN_HEADER, write_tsv
+from tests import ROOT as REPO
+from tests.companion.assets.test_clip_soups import openai_clip_soup_state_dict, reference_logits
+from tests.companion.assets.test_mnli import DEV, DEV_HEADER, TRAIN, TRAIN_HEADER, write_tsv
 
-REPO = Path(__file__).resolve().parents[1]
-BERT_FIX = Path(__file__).parent / "data" / "mccoy_bert_tiny" / "mccoy_bert"
+BERT_FIX = REPO / "tests" / "data" / "mccoy_bert_tiny" / "mccoy_bert"
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]
 N_TRAIN, N_VAL = 6, 3

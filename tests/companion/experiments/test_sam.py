@@ -7,7 +7,7 @@ import torch
 from companion.experiments import sam as se
 from companion.experiments import vision_zoo as vz
 from companion.params import ParamsError
-from tests.test_notebooks_sam import TINY, VISION
+from tests.companion.notebooks.test_sam import TINY, VISION
 
 
 def test_choose_rho_lowest_mean_validation_error_ties_to_smaller():

@@ -8,6 +8,7 @@ import pytest
 from companion import metrics as cm
 from companion import paper
 from companion.experiments import table1
+from tests import ROOT
 
 TAU = {"adaptive": -0.1, "geodesic_invariant": -0.2, "geodesic_mixed": -0.3}
 
@@ -65,7 +66,7 @@ def test_readme_table1_block_is_generated_from_the_committed_table():
 
     from companion.experiments.table1 import README_BEGIN, README_END, readme_summary
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     text = (root / "README.md").read_text()
     block = text[text.index(README_BEGIN):text.index(README_END) + len(README_END)]
     assert block == readme_summary(root / "reports" / "table1.csv")

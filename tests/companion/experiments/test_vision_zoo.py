@@ -1,6 +1,5 @@
 """companion.experiments.vision_zoo: typed settings, model, augmentation, pre-training, members, streams, CLI."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from torch import nn
 import hideseek as hs
 from companion.experiments import vision_zoo as vz
 from companion.params import ParamsError
+from tests import ROOT
 
 TINY = ["n_models=2", "workers=1", "threads=1", "data.n_train=60", "data.n_test=50", "data.spec.image_size=8",
         "data.spec.render=16", "model.width=8", "model.heads=2", "model.embed_dim=8", "model.patch_size=4",
@@ -198,7 +198,7 @@ def test_pilot_stream_draws_other_members(tiny):
 
 
 def test_cli_reads_params_and_overrides_and_writes_timings_apart(tmp_path):
-    full = yaml.safe_load(open(Path(__file__).resolve().parents[1] / "params.yaml"))
+    full = yaml.safe_load(open(ROOT / "params.yaml"))
     params = {"profile": "cpu", "vision_train": full["vision_train"]}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     rc = vz.main(["train", "--out", str(tmp_path / "zoo"), "--params", str(tmp_path / "params.yaml"),

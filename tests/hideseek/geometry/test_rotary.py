@@ -215,14 +215,14 @@ def test_bad_columns_rejected():
 # ----------------------------------------------------------------------------- end to end
 def test_geodesic_sharpness_of_rotary_models_invariant_adaptive_not():
     """Tiny float64 Llama (full rotary) and GPT-NeoX (partial rotary): a random element of the
-    rotary subgroup, applied to the weights by hand (tests/test_model_families.py's
+    rotary subgroup, applied to the weights by hand (tests/hideseek/symmetries/test_model_families.py's
     independent action), leaves geodesic sharpness unchanged and changes adaptive sharpness."""
     pytest.importorskip("transformers")
     import copy
 
     import hideseek as hs
     from hideseek.symmetries import find_symmetries
-    from test_model_families import FAMILIES, act_family
+    from tests.hideseek.symmetries.test_model_families import FAMILIES, act_family
 
     for name in ("llama_mha", "gpt_neox_partial_rotary"):
         fam = next(f for f in FAMILIES if f.name == name)

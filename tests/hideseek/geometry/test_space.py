@@ -11,7 +11,7 @@ import torch
 from hideseek.geometry import AdaptiveGeometry, PairGeometry, PairStack, ProductGeometry
 from hideseek.symmetries import find_symmetries
 
-from models import MHAClassifier
+from tests.models import MHAClassifier
 
 
 def _geom(norm="riemannian", metric="invariant", p="l2", blocks=True, **kw):

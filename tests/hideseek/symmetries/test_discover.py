@@ -9,8 +9,8 @@ from torch import nn
 import hideseek as hs
 from hideseek.symmetries import apply_random_action, find_symmetries
 
-from models import (ClipImageClassifier, MHAClassifier, bert_batch, tiny_bert, tiny_clip,
-                    tiny_vit)
+from tests.models import (ClipImageClassifier, MHAClassifier, bert_batch, tiny_bert, tiny_clip,
+                          tiny_vit)
 
 
 def rel(a, b):
