@@ -31,7 +31,7 @@ gpu-check:
 	@if ! $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 		echo "gpu-check: skipped, no CUDA device visible to torch (nothing to check on this machine)"; \
 	else \
-		$(GPU_PY) -m pytest -q -m gpu tests/test_gpu.py && \
+		$(GPU_PY) -m pytest -q -m gpu tests/hideseek/test_gpu.py && \
 		$(GPU_PY) -m benchmarks.bench_sharpness --device cuda --models bert-base,vit-b32 --repeats 1 \
 			--no-sync-count --projection no --json benchmarks/results/cuda.json \
 			--markdown benchmarks/results/cuda.md && \

@@ -42,9 +42,15 @@ def settings() -> list[dict]:
 
 
 def _models():
-    sys.path.insert(0, str(ROOT / "tests"))
+    import importlib.util
+
     import torch
-    from models import MHAClassifier, bert_batch, tiny_bert
+    # this checkout's tiny models, loaded by path: the repository root must not go on sys.path
+    # ahead of the version under test (its hideseek would shadow that version's)
+    spec = importlib.util.spec_from_file_location("tests_models", ROOT / "tests" / "models.py")
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    MHAClassifier, bert_batch, tiny_bert = models.MHAClassifier, models.bert_batch, models.tiny_bert
 
     def mha_batches(dtype, n=2):
         out = []

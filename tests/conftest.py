@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models import MHAClassifier, bert_batch, tiny_bert
+from tests.models import MHAClassifier, bert_batch, tiny_bert
 
 
 def mha_batches(n: int = 2, size: int = 5, seq: int = 4, dim: int = 12, seed: int = 0):

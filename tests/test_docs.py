@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
+
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 CODE_DIRS = ("hideseek", "companion", "tests", "benchmarks", "notebooks")
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
+
 PACKAGES = ("hideseek", "companion")
 
 

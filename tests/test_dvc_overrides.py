@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
+
 DVC = str(Path(sys.executable).parent / "dvc") if (Path(sys.executable).parent / "dvc").exists() else shutil.which("dvc") or "dvc"
 #: stages that need a zoo `make repro` trains and caches (absent from a fresh copy)
 NEEDS_ZOO = {"vision", "language", "language_stability"}

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
+
 DVC = Path(sys.executable).parent / "dvc"
 
 

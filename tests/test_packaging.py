@@ -6,7 +6,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
 
 
 def _imported_modules(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""Write the tiny McCoy-style BERT checkpoint used by tests/test_assets_bert.py.
+"""Write the tiny McCoy-style BERT checkpoint used by tests/companion/assets/test_bert_mcoy.py.
 
 Run once, with TensorFlow, in a throw-away environment (TensorFlow is not a
 dependency of hideseek):

@@ -1,0 +1,92 @@
+"""Table 1's reliability columns, primary vs exploratory lines and the ceiling sentences."""
+import csv
+import json
+import math
+
+import pytest
+
+from companion import metrics as cm
+from companion import paper
+from companion.experiments import table1
+from tests import ROOT
+
+TAU = {"adaptive": -0.1, "geodesic_invariant": -0.2, "geodesic_mixed": -0.3}
+
+
+def _write(mdir, name, entries, profile="cpu"):
+    mdir.mkdir(exist_ok=True)
+    (mdir / f"{name}.json").write_text(json.dumps({"profile": profile, "table1": entries}))
+
+
+def test_reliability_fields_ceiling_by_hand_and_power_bounds():
+    f = cm.reliability_fields(gap_reliability=0.5, retest={"adaptive": 0.9, "geodesic_mixed": 0.2}, n_models=30,
+                              paper_tau=paper.table1_tau("vision"), alpha=0.05, n_sim=400, seed=0)
+    hand = 2 / math.pi * math.asin(math.sqrt(math.sin(math.pi * 0.9 / 2) * 0.5))
+    assert f["tau_ceiling"]["adaptive"] == pytest.approx(hand, abs=1e-12)
+    assert f["tau_ceiling"]["geodesic_mixed"] < f["tau_ceiling"]["adaptive"]
+    assert 0 <= f["power"]["geodesic_mixed"] < f["power"]["adaptive"] <= 1
+    with pytest.raises(ValueError, match="no paper tau"):
+        cm.reliability_fields(gap_reliability=0.5, retest={"x": 0.9}, n_models=30, paper_tau={}, alpha=0.05,
+                              n_sim=10, seed=0)
+
+
+def test_table1_columns_order_and_ceiling_sentence(tmp_path):
+    mdir = tmp_path / "m"
+    rel = cm.reliability_fields(gap_reliability=0.1, retest={m: 0.9 for m in TAU}, n_models=72,
+                                paper_tau=paper.table1_tau("vision"), alpha=0.05, n_sim=200, seed=0)
+    _write(mdir, "vision", [{"row": "vision", "variant": "half split", "exploratory": True, "tau": TAU, "n_models": 36},
+                            {"row": "vision", "variant": "all members", "primary": True, "tau": TAU, "n_models": 72,
+                             **rel}])
+    _write(mdir, "diagonal", {"row": "diagonal", "variant": "old", "tau": TAU, "n_models": 50})
+    md, csv_path = table1.write(mdir, tmp_path)
+    rows = [r for r in csv.DictReader(csv_path.open()) if r["source"] == "ours"]
+    vision = [r for r in rows if r["row"] == "vision"]
+    assert [r["comparison"] for r in vision] == ["primary", "exploratory"]        # primary first
+    prim = vision[0]
+    assert float(prim["gap_reliability"]) == 0.1
+    for m in TAU:
+        assert float(prim[f"retest_{m}"]) == 0.9
+        assert float(prim[f"tau_ceiling_{m}"]) == pytest.approx(rel["tau_ceiling"][m])
+        assert vision[1][f"tau_ceiling_{m}"] == "" and vision[1]["gap_reliability"] == ""
+    diag = next(r for r in rows if r["row"] == "diagonal")
+    assert diag["comparison"] == "not declared" and diag["retest_adaptive"] == ""
+    text = md.read_text()
+    ceiling = rel["tau_ceiling"]["geodesic_invariant"]
+    assert ceiling < 0.71
+    assert f"cap the observable |τ| at {ceiling:.2f}, below the paper's |τ| = 0.71" in text
+    assert text.count("this zoo cannot show the paper's value") == 3
+    h = cm.headline(json.loads((mdir / "vision.json").read_text()))
+    assert h["n"] == 72 and h["table1"][1]["tau_ceiling"] == rel["tau_ceiling"]   # headline: the primary entry
+
+
+def test_readme_table1_block_is_generated_from_the_committed_table():
+    """The README's Table 1 summary is what readme_summary makes of reports/table1.csv
+    (no number typed by hand, none stale)."""
+    from pathlib import Path
+
+    from companion.experiments.table1 import README_BEGIN, README_END, readme_summary
+
+    root = ROOT
+    text = (root / "README.md").read_text()
+    block = text[text.index(README_BEGIN):text.index(README_END) + len(README_END)]
+    assert block == readme_summary(root / "reports" / "table1.csv")
+    assert "| ours |" in block and "| paper |" in block
+
+
+def test_reliability_column_is_the_retest_unless_the_value_averages_both(tmp_path):
+    """Vision (value = one of the two measurements): reliability_<m> is the retest. Language
+    (value = mean of both halves): the recorded Spearman–Brown reliability, shown beside the retest."""
+    mdir = tmp_path / "m"
+    ret = {m: 0.5 for m in TAU}
+    rel = {m: 0.7 for m in TAU}
+    _write(mdir, "vision", {"row": "vision", "variant": "v", "primary": True, "tau": TAU, "n_models": 72,
+                            "retest": ret, "gap_reliability": 0.9, "tau_ceiling": ret, "power": ret})
+    _write(mdir, "language", {"row": "language", "variant": "l", "primary": True, "tau": TAU, "n_models": 50,
+                              "retest": ret, "reliability": rel, "gap_reliability": 0.9, "tau_ceiling": rel,
+                              "power": rel})
+    md, csv_path = table1.write(mdir, tmp_path)
+    rows = {r["row"]: r for r in csv.DictReader(csv_path.open()) if r["source"] == "ours"}
+    for m in TAU:
+        assert float(rows["vision"][f"reliability_{m}"]) == 0.5
+        assert float(rows["language"][f"reliability_{m}"]) == 0.7 and float(rows["language"][f"retest_{m}"]) == 0.5
+    assert "retest 0.50 (mean of both halves 0.70)" in md.read_text()

@@ -1,0 +1,156 @@
+"""The papermill stage runner: parameter resolution and atomic publishing."""
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from companion.pipeline import (
+    PipelineError,
+    apply_overrides,
+    main,
+    parse_overrides,
+    resolve_stage_params,
+    run_stage,
+)
+from tests import ROOT
+
+NB_BODY = """
+import json, os
+from pathlib import Path
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+out = Path(out_dir)
+(out / "figures").mkdir(parents=True, exist_ok=True)
+fig, ax = plt.subplots()
+ax.plot([0, 1], [0, params["slope"]])
+fig.savefig(out / "figures" / params["figname"])
+if params.get("fail"):
+    raise RuntimeError("deliberate failure")
+if not params.get("skip_metrics"):
+    (out / "metrics").mkdir(exist_ok=True)
+    json.dump({"slope": params["slope"], "seen_profile": profile},
+              open(out / "metrics" / "demo.json", "w"))
+"""
+
+
+def make_repo(tmp_path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell('profile = "cpu"\nparams = {"slope": 1, "figname": "a.png"}\nout_dir = "out"')
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p, nbformat.v4.new_code_cell(NB_BODY)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "notebooks").mkdir()
+    nbformat.write(nb, tmp_path / "notebooks" / "demo.ipynb")
+    params = {"profile": "cpu", "demo": {"cpu": {"slope": 2, "figname": "a.png"},
+                                         "gpu": {"slope": 3, "figname": "a.png"}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp_path
+
+
+def test_resolve_and_overrides():
+    params = {"profile": "gpu", "s": {"cpu": {"a": 1}, "gpu": {"a": 2, "b": {"c": 3}}}}
+    assert resolve_stage_params(params, "s") == ("gpu", {"a": 2, "b": {"c": 3}})
+    assert resolve_stage_params(params, "s", "cpu") == ("cpu", {"a": 1})
+    assert resolve_stage_params(params, "nosection", "cpu") == ("cpu", {})
+    with pytest.raises(PipelineError, match="no profile 'paper'"):
+        resolve_stage_params(params, "s", "paper")
+    with pytest.raises(PipelineError, match="unknown profile"):
+        resolve_stage_params(params, "s", "tpu")
+    ov = parse_overrides(["a=5", "b.c=[1, 2]", "flag=true", "name=x=y"])
+    assert ov == {"a": 5, "b.c": [1, 2], "flag": True, "name": "x=y"}
+    new = apply_overrides(params["s"]["gpu"], ov)
+    assert new == {"a": 5, "b": {"c": [1, 2]}, "flag": True, "name": "x=y"}
+    assert params["s"]["gpu"]["b"] == {"c": 3}  # input not mutated
+    with pytest.raises(PipelineError, match="key=value"):
+        parse_overrides(["novalue"])
+
+
+def test_run_publishes_then_failure_leaves_reports_untouched(tmp_path):
+    root = make_repo(tmp_path)
+    reports = root / "reports"
+    res = run_stage("demo", root=root, progress_bar=False)
+    assert res.profile == "cpu" and res.params == {"slope": 2, "figname": "a.png"}
+    metrics = json.loads((reports / "metrics" / "demo.json").read_text())
+    assert metrics["slope"] == 2 and metrics["seen_profile"] == "cpu"
+    assert metrics["profile"] == "cpu" and metrics["stage"] == "demo"
+    assert (reports / "figures" / "demo" / "a.png").is_file()
+    executed = nbformat.read(reports / "notebooks" / "demo.ipynb", as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+    assert not (reports / ".staging").exists()
+
+    # a rerun with another figure name replaces the stage's figure folder (no stale files)
+    assert main(["demo", "--root", str(root), "--set", "figname=b.png", "--profile", "gpu"]) == 0
+    assert sorted(p.name for p in (reports / "figures" / "demo").iterdir()) == ["b.png"]
+    assert json.loads((reports / "metrics" / "demo.json").read_text())["slope"] == 3
+    before = {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()}
+
+    # a failing run and a run that writes no metrics publish nothing
+    with pytest.raises(PipelineError, match="failed") as exc:
+        run_stage("demo", root=root, overrides={"fail": True, "figname": "c.png"}, progress_bar=False)
+    staged = Path(str(exc.value).rsplit(": ", 1)[1])
+    assert staged.is_file() and ".staging" in str(staged)
+    with pytest.raises(PipelineError, match="wrote no out/metrics"):
+        run_stage("demo", root=root, overrides={"skip_metrics": True, "figname": "d.png"},
+                  progress_bar=False)
+    after = {p: p.read_bytes() for p in reports.rglob("*") if p.is_file() and ".staging" not in str(p)}
+    assert after == before
+    assert main(["nostage", "--root", str(root)]) == 1
+
+
+# --------------------------------------------------------------------------- DVC headlines
+
+
+def test_headline_from_full_metrics(tmp_path):
+    from companion.metrics import headline, main as metrics_main, table1_entries, write_headline
+
+    full = {"stage": "s", "profile": "gpu", "big": {"x": list(range(50))},
+            "table1": [{"row": "vision", "variant": "held-out", "n_models": 3, "rho": {"adaptive": 0.4},
+                        "tau": {"adaptive": 0.5, "geodesic_mixed": -0.25},
+                        "ci": {"adaptive": [0.1, 0.9], "geodesic_mixed": [-0.7, 0.2]}},
+                       {"row": "vision", "variant": "all", "n_models": 6,
+                        "tau": {"adaptive": 0.4, "geodesic_mixed": -0.1}}]}
+    h = headline(full)
+    # printed scalars: the first entry's tau and model count; the rest only as (unprinted) lists
+    assert h["n"] == 3 and h["tau"] == {"adaptive": 0.5, "geodesic_mixed": -0.25}
+    assert [e["variant"] for e in h["table1"]] == ["held-out", "all"]
+    assert h["table1"][0]["ci"]["geodesic_mixed"] == [-0.7, 0.2] and "ci" not in h["table1"][1]
+    assert "big" not in h and "profile" not in h
+    assert table1_entries({"table1": full["table1"][0]}) == [full["table1"][0]]  # one entry, not a list
+    assert headline({"stage": "toy", "x": 1}) is None
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "s.json").write_text(json.dumps(full))
+    (tmp_path / "m" / "toy.json").write_text(json.dumps({"x": 1}))
+    assert metrics_main(["headline", "--metrics-dir", str(tmp_path / "m"), "--out-dir", str(tmp_path / "h")]) == 0
+    assert json.loads((tmp_path / "h" / "s.json").read_text()) == h
+    assert not (tmp_path / "h" / "toy.json").exists()
+    (tmp_path / "m" / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="bad.json must hold a JSON object"):
+        write_headline(tmp_path / "m" / "bad.json", tmp_path / "h")
+
+
+def test_committed_headlines_match_committed_full_metrics():
+    from companion.metrics import headline, read_metrics
+
+    heads = sorted((ROOT / "reports" / "headline").glob("*.json"))
+    assert {p.stem for p in heads} == {"diagonal", "vision", "language"}
+    for p in heads:
+        full = read_metrics(ROOT / "reports" / "metrics" / p.name)
+        assert json.loads(p.read_text()) == json.loads(json.dumps(headline(full))), p.name
+        # and the headline's first tau is what Table 1 prints for that stage
+        first = full["table1"][0] if isinstance(full["table1"], list) else full["table1"]
+        assert json.loads(p.read_text())["tau"] == first["tau"]
+
+
+def test_run_publishes_a_headline_for_a_table1_stage(tmp_path):
+    root = make_repo(tmp_path)
+    nb = nbformat.read(root / "notebooks" / "demo.ipynb", as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace(
+        '{"slope": params["slope"], "seen_profile": profile}',
+        '{"slope": params["slope"], "table1": {"row": "vision", "n_models": 2, "tau": {"adaptive": 0.5}}}')
+    nbformat.write(nb, root / "notebooks" / "demo.ipynb")
+    run_stage("demo", root=root, progress_bar=False)
+    head = json.loads((root / "reports" / "headline" / "demo.json").read_text())
+    assert head["n"] == 2 and head["tau"] == {"adaptive": 0.5}

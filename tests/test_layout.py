@@ -1,0 +1,51 @@
+"""The test suite's layout (docs/architecture.md §7): ``tests/`` mirrors the packages, and every
+folder of it is a package, so that pytest never puts a test folder itself on ``sys.path`` (where
+``tests/hideseek/`` would shadow the library)."""
+from pathlib import Path
+
+import benchmarks
+import companion
+import hideseek
+from tests import ROOT
+
+TESTS = ROOT / "tests"
+#: the only test files directly in tests/: checks of the repository as a whole
+REPOSITORY_WIDE = {"test_docs.py", "test_dvc_deps.py", "test_dvc_overrides.py", "test_dvc_plots.py",
+                   "test_layout.py", "test_packaging.py"}
+#: tests/companion/notebooks/ mirrors the notebooks/ folder, which the companion runs
+NOT_A_PACKAGE = {("companion", "notebooks"): ROOT / "notebooks"}
+
+
+def _test_files() -> list[Path]:
+    return sorted(TESTS.rglob("test_*.py"))
+
+
+def test_every_test_folder_is_a_package():
+    missing = sorted({str(d.relative_to(ROOT)) for f in _test_files()
+                      for d in (f.parent, *f.parent.parents)
+                      if d.is_relative_to(TESTS) and not (d / "__init__.py").is_file()})
+    assert not missing, ("these test folders lack an __init__.py (pytest would put them on sys.path "
+                         "and files of the same name would collide): " + ", ".join(missing))
+
+
+def test_test_files_sit_in_the_folder_of_the_code_they_check():
+    bad = []
+    for f in _test_files():
+        parts = f.parent.relative_to(TESTS).parts
+        if not parts:
+            if f.name not in REPOSITORY_WIDE:
+                bad.append(f"{f.relative_to(ROOT)}: only repository-wide checks sit directly in tests/; "
+                           f"move it to tests/hideseek/…, tests/companion/… or tests/benchmarks/…")
+        elif parts in NOT_A_PACKAGE:
+            if not NOT_A_PACKAGE[parts].is_dir():
+                bad.append(f"{f.relative_to(ROOT)}: {NOT_A_PACKAGE[parts].relative_to(ROOT)}/ does not exist")
+        elif not (ROOT.joinpath(*parts) / "__init__.py").is_file():
+            bad.append(f"{f.relative_to(ROOT)}: no package {'/'.join(parts)}/ for tests/{'/'.join(parts)}/ "
+                       f"to mirror")
+    assert not bad, "\n  ".join(["test files outside the mirrored layout:", *bad])
+
+
+def test_the_packages_are_not_shadowed_by_their_test_folders():
+    for module in (hideseek, companion, benchmarks):
+        path = Path(module.__file__).resolve()
+        assert not path.is_relative_to(TESTS), f"`import {module.__name__}` found {path}, a test folder"
