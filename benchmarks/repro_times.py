@@ -1,0 +1,100 @@
+"""Per-stage wall times of a timed fresh-clone ``make repro`` (issue 16, item 8), from the log that
+``benchmarks/timed_repro.sh`` writes, into ``reports/repro_times.md`` and the README's generated block.
+
+Log lines (one START and one END per step, UTC clock)::
+
+    07:00:37 START language_train
+    07:41:02 END language_train rc=0 seconds=2425
+
+``python -m benchmarks.repro_times LOG [--commit SHA] [--note TEXT] [--out reports/repro_times.md]
+[--readme README.md]``. A step that failed (rc ≠ 0) or never ended makes the report say the run is
+incomplete, and no total is claimed. Timings live here, outside every DVC-hashed output.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+README_BEGIN, README_END = "<!-- repro-times:begin (python -m benchmarks.repro_times) -->", "<!-- repro-times:end -->"
+_START = re.compile(r"^(\d\d:\d\d:\d\d) START (\S+)$")
+_END = re.compile(r"^(\d\d:\d\d:\d\d) END (\S+) rc=(-?\d+) seconds=(\d+)$")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    start: str
+    seconds: int | None     # None: never ended
+    rc: int | None
+
+
+def parse(text: str) -> list[Step]:
+    """The steps of a log, in the order they started; lines that are neither START nor END are ignored."""
+    started: dict[str, str] = {}
+    order: list[str] = []
+    ended: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        if m := _START.match(line.strip()):
+            if m[2] in started:
+                raise ValueError(f"step {m[2]!r} started twice in the log; time one run per log")
+            started[m[2]] = m[1]
+            order.append(m[2])
+        elif m := _END.match(line.strip()):
+            if m[2] not in started:
+                raise ValueError(f"step {m[2]!r} ends in the log but never started")
+            ended[m[2]] = (int(m[3]), int(m[4]))
+    if not order:
+        raise ValueError("the log has no 'HH:MM:SS START <step>' line: is it a benchmarks/timed_repro.sh log?")
+    return [Step(n, started[n], *(ended[n][::-1] if n in ended else (None, None))) for n in order]
+
+
+def complete(steps: list[Step]) -> bool:
+    return all(s.rc == 0 and s.seconds is not None for s in steps)
+
+
+def markdown(steps: list[Step], *, commit: str | None = None, note: str | None = None) -> str:
+    """The report: one row per step, the total only when every step ended with rc 0."""
+    rows = [f"| {s.name} | {s.start} | " + ("did not end" if s.seconds is None else
+            f"{s.seconds / 60:.1f}" + ("" if s.rc == 0 else f" (failed, rc {s.rc})")) + " |" for s in steps]
+    done = sum(s.seconds or 0 for s in steps)
+    head = (f"**Fresh clone, `make setup` + every stage: {done / 60:.0f} minutes** (sum of the steps below)."
+            if complete(steps) else
+            f"**Incomplete run**: {sum(s.seconds is not None and s.rc == 0 for s in steps)} of {len(steps)} steps "
+            f"finished ({done / 60:.0f} minutes so far); no total is claimed.")
+    lines = [head, ""]
+    if commit:
+        lines += [f"Commit: `{commit}`.", ""]
+    if note:
+        lines += [note, ""]
+    return "\n".join(lines + ["| step | started (UTC) | minutes |", "|---|---|---|", *rows]) + "\n"
+
+
+def update_readme(readme: Path, block: str) -> None:
+    text = readme.read_text()
+    a, b = text.find(README_BEGIN), text.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(f"{readme} has no generated block {README_BEGIN!r} … {README_END!r}")
+    readme.write_text(text[:a] + README_BEGIN + "\n" + block + text[b:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("log")
+    ap.add_argument("--commit")
+    ap.add_argument("--note")
+    ap.add_argument("--out", default="reports/repro_times.md")
+    ap.add_argument("--readme")
+    a = ap.parse_args(argv)
+    steps = parse(Path(a.log).read_text())
+    md = markdown(steps, commit=a.commit, note=a.note)
+    Path(a.out).write_text("# Timed fresh-clone `make repro`\n\n" + md)
+    if a.readme:
+        update_readme(Path(a.readme), md)
+    print(md)
+    return 0 if complete(steps) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
