@@ -28,7 +28,7 @@ MODULES = ["companion/analysis.py", "companion/paper.py", "companion/params.py",
 #: experiment modules that read their parameters through typed settings only
 EXPERIMENTS = ["toy", "diagonal", "table1", "correlation", "crossfit", "zoo", "glyphs", "vision_zoo", "vision_pilot",
                "vision_report", "sam", "language_report", "language_pilot", "language_zoo", "relative", "orbit",
-               "nli_corpus", "minilm"]
+               "nli_corpus", "minilm", "stability", "paper_zoos"]
 #: companion functions a notebook may call besides its one computing call: they only format numbers
 PRESENTATION = {"findings"}
 MAX_CODE_LINES, MAX_FUNCTION_LINES = 150, 80

@@ -341,9 +341,18 @@ def budget(protocol: dict, n_models: int, exploratory_runs: int, reference: dict
            "primary": per_pass * n_models * 3 * 2 * protocol["batches_per_half"] * protocol["n_iters"],
            "exploratory": per_pass * n_models * exploratory_runs * 5}
     out["language_train_and_language"] = out["train"] + out["primary"] + out["exploratory"]
-    if stability is not None:
-        out["language_stability"] = sum(v["train"] + v["measure"] for v in stability["seconds"].values())
+    seconds = stability_seconds(stability)
+    if seconds is not None:
+        out["language_stability"] = seconds
     return out
+
+
+def stability_seconds(stability: dict | None) -> float | None:
+    """Wall time of a ``language_stability`` run from its metrics file; None when it did not run (no file, or
+    a profile that skips it: ``n_zoos: 0``)."""
+    if stability is None or "skipped" in stability:
+        return None
+    return sum(v["train"] + v["measure"] for v in stability["seconds"].values())
 
 
 def largest_protocol(report: dict, batches_per_half: int) -> dict:

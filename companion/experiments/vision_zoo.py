@@ -45,7 +45,7 @@ import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -585,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         if "source" in raw:  # profile paper: describe the model-soups release, train nothing
             from companion.experiments.paper_zoos import cli_build
 
-            return cli_build("clip_soups", args.out, raw, progress=not args.no_progress)
+            return cli_build("clip_soups", args.out, raw, progress=not args.no_progress,
+                             inherited=[f.name for f in fields(VisionTrain)])   # the recipe, unused here
         s = load_settings(profile, args.overrides, path=args.params)
     except ParamsError as exc:
         parser.error(str(exc))
