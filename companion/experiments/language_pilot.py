@@ -226,14 +226,8 @@ def smallest_protocol(table: pd.DataFrame, rho: dict[str, float], target: float)
 def dev_errors(zoo_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Per-example dev errors ``[members, pairs]`` (0/1) and train errors ``[members]`` of a zoo."""
     zoo = lz.load_zoo(zoo_dir)
-    spec = lz.ZooSpec.from_dict(zoo["spec"])
-    data = lz.prepare_data(spec, Path(zoo_dir) / "corpus", save=False)
-    inputs, labels = data.encoded["dev"]
-    errs = []
-    for m in zoo["models"]:
-        _, pred = lz.error_rate(lz.load_model(zoo_dir, m["name"]), inputs, labels)
-        errs.append(pred != labels.numpy())
-    return np.array(errs, dtype=float), np.array([m["train_error"] for m in zoo["models"]])
+    errors = lz.source(zoo_dir).eval_errors([m["name"] for m in zoo["models"]])
+    return errors, np.array([m["train_error"] for m in zoo["models"]])
 
 
 def split_half_reliability(test_err: np.ndarray, train_err: np.ndarray, *, n_splits: int, seed: int) -> float:

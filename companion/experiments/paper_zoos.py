@@ -25,8 +25,9 @@ costs seconds, against minutes for its sharpness on 1024 pairs. The cost is
 paid once per call of :func:`companion.experiments.zoo.measure_zoo`, i.e. a few
 times per model.
 
-Readers (used by :func:`.vision_zoo.load_zoo` / :func:`.vision_zoo.measure_vision_zoo`
-and :func:`.language_zoo.measure_language_zoo` when ``zoo.json`` has one of these kinds):
+Readers, behind :class:`ClipSoupsZoo` and :class:`McCoyZoo` (the
+:class:`companion.experiments.zoo.ZooSource` of these kinds, which ``vision_zoo.source`` and
+``language_zoo.source`` open when ``zoo.json`` has one of them):
 
 * :func:`clip_soups_loaders` -> ``(meta, [(name, loader), ...])``, :func:`clip_soups_sharpness_batches`
   (2048 training images of the 98 % split in batches of 256 in the paper);
@@ -492,3 +493,65 @@ def mccoy_sharpness_batches(zoo: Mapping[str, Any], n_pairs: int = 1024, batch_s
     batches = mnli_sharpness_batches(data.train, tok, n_pairs=int(n_pairs), batch_size=int(batch_size),
                                      seed=int(seed), max_seq_length=length)
     return [(_trim(x), y) for x, y in batches]
+
+
+# --------------------------------------------------------------------------- as zoo sources
+
+
+class _PaperZoo:
+    """What the paper's two zoos share as :class:`companion.experiments.zoo.ZooSource`: no per-example
+    errors are kept, and one set of sharpness examples is drawn."""
+
+    kind = ""
+    _members = ""          # the zoo.json key of the member list
+
+    def __init__(self, zoo_dir: Path, meta: dict):
+        self.zoo_dir, self.meta = Path(zoo_dir), meta
+
+    def member_table(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.meta[self._members]).set_index("name")
+
+    def eval_errors(self, names: Sequence[str]) -> None:
+        return None
+
+    def retest_batches(self, n_points: int, batch_size: int, seed: int):
+        raise ValueError(f"a test-retest on a second set needs two disjoint example sets; the {self.kind} zoo "
+                         "draws one (set retest: false in the paper profile)")
+
+
+class McCoyZoo(_PaperZoo):
+    """McCoy et al.'s BERTs (:func:`build_mccoy_zoo`) as a :class:`companion.experiments.zoo.ZooSource`."""
+
+    kind, _members = "mccoy_bert", "models"
+
+    def description(self) -> str:
+        return f"{self.kind}: {len(self.meta['models'])} seed-only fine-tunes"
+
+    def loaders(self, names: Sequence[str] | None = None, device: str | None = "cpu"):
+        return mccoy_loaders(self.meta, names, device)
+
+    def sharpness_batches(self, n_points: int, batch_size: int, seed: int):
+        return mccoy_sharpness_batches(self.meta, n_points, batch_size, seed)
+
+
+class ClipSoupsZoo(_PaperZoo):
+    """The model-soups CLIP fine-tunes (:func:`build_clip_soups_zoo`) as a
+    :class:`companion.experiments.zoo.ZooSource`."""
+
+    kind, _members = "clip_soups", "members"
+
+    def description(self) -> str:
+        return f"model-soups CLIP zoo ({len(self.meta['members'])} ViT-B/32 fine-tunes on ImageNet)"
+
+    def loaders(self, names: Sequence[str] | None = None, device: str | None = "cpu"):
+        every = dict(clip_soups_loaders(self.meta, device))
+        names = list(every) if names is None else list(names)
+        unknown = [n for n in names if n not in every]
+        if unknown:
+            raise KeyError(f"models {unknown} are not in the zoo ({sorted(every)})")
+        return [(n, every[n]) for n in names]
+
+    def sharpness_batches(self, n_points: int, batch_size: int, seed: int):
+        return clip_soups_sharpness_batches(self.meta, n_points, batch_size, seed)
