@@ -226,14 +226,8 @@ def smallest_protocol(table: pd.DataFrame, rho: dict[str, float], target: float)
 def dev_errors(zoo_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Per-example dev errors ``[members, pairs]`` (0/1) and train errors ``[members]`` of a zoo."""
     zoo = lz.load_zoo(zoo_dir)
-    spec = lz.ZooSpec.from_dict(zoo["spec"])
-    data = lz.prepare_data(spec, Path(zoo_dir) / "corpus", save=False)
-    inputs, labels = data.encoded["dev"]
-    errs = []
-    for m in zoo["models"]:
-        _, pred = lz.error_rate(lz.load_model(zoo_dir, m["name"]), inputs, labels)
-        errs.append(pred != labels.numpy())
-    return np.array(errs, dtype=float), np.array([m["train_error"] for m in zoo["models"]])
+    errors = lz.source(zoo_dir).eval_errors([m["name"] for m in zoo["models"]])
+    return errors, np.array([m["train_error"] for m in zoo["models"]])
 
 
 def split_half_reliability(test_err: np.ndarray, train_err: np.ndarray, *, n_splits: int, seed: int) -> float:
@@ -341,9 +335,18 @@ def budget(protocol: dict, n_models: int, exploratory_runs: int, reference: dict
            "primary": per_pass * n_models * 3 * 2 * protocol["batches_per_half"] * protocol["n_iters"],
            "exploratory": per_pass * n_models * exploratory_runs * 5}
     out["language_train_and_language"] = out["train"] + out["primary"] + out["exploratory"]
-    if stability is not None:
-        out["language_stability"] = sum(v["train"] + v["measure"] for v in stability["seconds"].values())
+    seconds = stability_seconds(stability)
+    if seconds is not None:
+        out["language_stability"] = seconds
     return out
+
+
+def stability_seconds(stability: dict | None) -> float | None:
+    """Wall time of a ``language_stability`` run from its metrics file; None when it did not run (no file, or
+    a profile that skips it: ``n_zoos: 0``)."""
+    if stability is None or "skipped" in stability:
+        return None
+    return sum(v["train"] + v["measure"] for v in stability["seconds"].values())
 
 
 def largest_protocol(report: dict, batches_per_half: int) -> dict:

@@ -94,7 +94,7 @@ class LanguageReport:
     """What ``notebooks/language.ipynb`` shows, measured and saved by :func:`run_report`."""
 
     settings: LanguageSettings
-    kind: str                  # the zoo's kind: "generated_nli" (trained here) or "mccoy_bert" (the paper's)
+    setting: str               # the zoo (ZooSource.description): generated here or McCoy et al.'s
     members: pd.DataFrame      # one row per member (errors, gaps, seed)
     frame: pd.DataFrame        # primary measurement: measure_zoo rows (per-batch values)
     primary: pd.DataFrame      # one row per measure: tau, interval, retest, gap reliability, ceiling, power
@@ -108,8 +108,9 @@ class LanguageReport:
 
 def _measure(s: LanguageSettings, names: list[str], measures: Mapping[str, Measure],
              grid: Mapping[str, list[float]], n_points: int, n_iters: int, progress: bool) -> pd.DataFrame:
-    batches = lz.sharpness_batches(s.zoo_dir, s.n_points, s.batch_size, s.data_seed)[: n_points // s.batch_size]
-    loaders = lz.model_loaders(s.zoo_dir, names, s.device)
+    src = lz.source(s.zoo_dir)
+    batches = src.sharpness_batches(s.n_points, s.batch_size, s.data_seed)[: n_points // s.batch_size]
+    loaders = src.loaders(names, s.device)
     return measure_zoo(loaders, batches, {k: {"measure": m} for k, m in measures.items()}, grid, seed=s.seed,
                        n_iters=n_iters, progress=progress, workers=s.workers)
 
@@ -179,7 +180,7 @@ def primary_table(s: LanguageSettings, frame: pd.DataFrame, members: pd.DataFram
 
 def gap_reliability(s: LanguageSettings, members: pd.DataFrame) -> float | None:
     """Split-half reliability of the gap across members (None for a zoo without per-example errors)."""
-    errors = lz.dev_errors(s.zoo_dir, list(members.index))
+    errors = lz.source(s.zoo_dir).eval_errors(list(members.index))
     if errors is None:
         return None
     return lp.split_half_reliability(errors, members["train_error"].to_numpy(), n_splits=s.gap_splits, seed=s.seed)
@@ -247,7 +248,7 @@ def explore_relative_orbit(s: LanguageSettings, members: pd.DataFrame) -> dict:
     from companion.experiments import orbit, relative
 
     e = s.exploratory
-    batches = lz.sharpness_batches(s.zoo_dir, s.n_points, s.batch_size, s.data_seed)
+    batches = lz.source(s.zoo_dir).sharpness_batches(s.n_points, s.batch_size, s.data_seed)
     out: dict[str, Any] = {"relative": None, "relative_taus": None, "orbit": None}
     if e.relative_flatness_layer is not None:
         out["relative"], out["relative_taus"] = relative.run_relative(
@@ -296,7 +297,7 @@ def report_metrics(rep: LanguageReport, profile: str) -> dict:
         "table1": table1_entries(rep.primary, ex["subsets"], len(members)),
         "table1_row": "MNLI",
         "profile": profile,
-        "setting": f"{rep.kind}: {len(members)} seed-only fine-tunes",
+        "setting": rep.setting,
         "primary": rep.primary.to_dict("records"),
         "tau": {r["measure"]: {k: r[k] for k in ("tau", "ci_low", "ci_high", "pvalue", "n", "rho", "retest",
                                                      "reliability")}
@@ -376,16 +377,15 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
     set_threads(s.threads)
     for sub in ("figures", "metrics", "data"):
         (Path(out_dir) / sub).mkdir(parents=True, exist_ok=True)
-    members = lz.member_table(s.zoo_dir)
+    src = lz.source(s.zoo_dir)
+    members = src.member_table()
     t0 = time.perf_counter()
     frame = measure_primary(s, list(members.index), progress=progress)
     primary = primary_table(s, frame, members, gap_reliability(s, members))
     explore = {**explore_curves(s, members, progress), "eps": explore_eps(s, members, progress),
                "subsets": explore_subsets(s, frame, members), **explore_relative_orbit(s, members)}
     seconds = time.perf_counter() - t0
-    zoo = lz.load_zoo(s.zoo_dir)
-    kind = zoo["kind"] if "kind" in zoo else "generated_nli"
-    rep = LanguageReport(s, kind, members, frame, primary, explore, {}, findings(primary, explore["subsets"]))
+    rep = LanguageReport(s, src.description(), members, frame, primary, explore, {}, findings(primary, explore["subsets"]))
     rep.metrics = report_metrics(rep, profile)
     cm.write_stage_metrics(out_dir, "language", rep.metrics)
     save_report_data(rep, out_dir)

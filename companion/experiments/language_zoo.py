@@ -581,14 +581,15 @@ def load_zoo(zoo_dir: str | Path) -> dict:
 
 
 def load_model(zoo_dir: str | Path, name: str, device: str | None = "cpu"):
-    """One fine-tune, in eval mode, on ``device`` (``"auto"``: cuda when available)."""
+    """One fine-tune of a generated zoo, in eval mode, on ``device`` (``"auto"``: cuda when available).
+
+    The members of any language zoo, McCoy et al.'s included: ``source(zoo_dir).loaders()``."""
     from transformers import BertForSequenceClassification
 
     zoo = load_zoo(zoo_dir)
-    if zoo.get("kind") == "mccoy_bert":  # profile paper: McCoy et al.'s TF checkpoints, converted here
-        from companion.experiments.paper_zoos import mccoy_loaders
-
-        return mccoy_loaders(zoo, [name], device)[0][1]()
+    if "kind" in zoo:
+        raise ValueError(f"{zoo_dir} holds a {zoo['kind']} zoo, not a generated one: load its members with "
+                         "companion.experiments.language_zoo.source(zoo_dir).loaders()")
     path = Path(zoo_dir) / name
     if not path.is_dir():
         raise FileNotFoundError(f"no model {name!r} in {zoo_dir}")
@@ -596,45 +597,87 @@ def load_model(zoo_dir: str | Path, name: str, device: str | None = "cpu"):
     return model.to(resolve_device(device)).eval()
 
 
-def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, device: str | None = "cpu"):
-    """``[(name, loader)]`` for :func:`companion.experiments.zoo.measure_zoo`."""
-    zoo = load_zoo(zoo_dir)
-    if zoo.get("kind") == "mccoy_bert":  # profile paper
-        from companion.experiments.paper_zoos import mccoy_loaders
+class GeneratedNLIZoo:
+    """A zoo trained by :func:`train_zoo` on the generated corpus, as a
+    :class:`companion.experiments.zoo.ZooSource` (its zoo.json records no ``kind``)."""
 
-        return mccoy_loaders(zoo, names, device)
-    names = [m["name"] for m in zoo["models"]] if names is None else list(names)
-    return [(n, functools.partial(load_model, zoo_dir, n, device)) for n in names]  # picklable: measure_zoo workers
+    kind = "generated_nli"
+
+    def __init__(self, zoo_dir: Path, meta: dict):
+        self.zoo_dir, self.meta = Path(zoo_dir), meta
+
+    def description(self) -> str:
+        return f"{self.kind}: {len(self.meta['models'])} seed-only fine-tunes"
+
+    def loaders(self, names: Sequence[str] | None = None, device: str | None = "cpu"):
+        names = [m["name"] for m in self.meta["models"]] if names is None else list(names)
+        return [(n, functools.partial(load_model, self.zoo_dir, n, device)) for n in names]  # picklable
+
+    def sharpness_batches(self, n_points: int, batch_size: int,
+                          seed: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        """``n_points`` pairs drawn without replacement (seeded) from the zoo's training split, in batches
+        of ``batch_size``; padding beyond each batch's longest pair is trimmed."""
+        if n_points < 1 or batch_size < 1:
+            raise ValueError("n_points and batch_size must be >= 1")
+        corpus = self.zoo_dir / "corpus"
+        train = nc.load_split(corpus / "train.jsonl")
+        if n_points > len(train):
+            raise ValueError(f"n_points={n_points} exceeds the {len(train)} training pairs")
+        if n_points % batch_size:
+            raise ValueError(f"n_points={n_points} is not a multiple of batch_size={batch_size}")
+        rng = np.random.default_rng(seed)
+        idx = np.sort(rng.choice(len(train), size=n_points, replace=False))
+        tok = nc.make_tokenizer(corpus / "vocab.txt")
+        inputs, labels = nc.encode(tok, [train[i] for i in idx], self.meta["spec"]["max_length"])
+        return [(trim({k: v[i:i + batch_size] for k, v in inputs.items()}), labels[i:i + batch_size])
+                for i in range(0, n_points, batch_size)]
+
+    def retest_batches(self, n_points: int, batch_size: int, seed: int):
+        raise ValueError("the language zoos' test-retest compares the two halves of the sharpness batches; "
+                         "they draw no second set")
+
+    def member_table(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame(self.meta["models"]).set_index("name")
+
+    def eval_errors(self, names: Sequence[str]) -> np.ndarray:
+        """Per-example errors on the in-distribution dev split (the gap's evaluation set)."""
+        spec = ZooSpec.from_dict(self.meta["spec"])
+        data = prepare_data(spec, self.zoo_dir / "corpus", save=False)
+        inputs, labels = data.encoded["dev"]
+        rows = []
+        for name in names:
+            _, pred = error_rate(load_model(self.zoo_dir, name, "cpu"), inputs, labels)
+            rows.append(pred != labels.numpy())
+        return np.array(rows, dtype=float)
+
+
+def source(zoo_dir: str | Path):
+    """The :class:`companion.experiments.zoo.ZooSource` of the language zoo in ``zoo_dir``: generated
+    (:class:`GeneratedNLIZoo`) or McCoy et al.'s (:class:`companion.experiments.paper_zoos.McCoyZoo`),
+    chosen from zoo.json's kind by :func:`companion.experiments.zoo.open_source`."""
+    from companion.experiments.paper_zoos import McCoyZoo
+    from companion.experiments.zoo import open_source
+
+    return open_source(zoo_dir, load_zoo(zoo_dir), {GeneratedNLIZoo.kind: GeneratedNLIZoo, McCoyZoo.kind: McCoyZoo},
+                       default_kind=GeneratedNLIZoo.kind)
+
+
+def model_loaders(zoo_dir: str | Path, names: Sequence[str] | None = None, device: str | None = "cpu"):
+    """``[(name, loader)]`` for :func:`companion.experiments.zoo.measure_zoo`: ``source(zoo_dir).loaders``."""
+    return source(zoo_dir).loaders(names, device)
 
 
 def sharpness_batches(zoo_dir: str | Path, n_points: int, batch_size: int,
                       seed: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-    """The fixed training pairs on which every model's sharpness is measured.
+    """The fixed training pairs on which every model's sharpness is measured: ``source(zoo_dir).sharpness_batches``.
 
     ``n_points`` pairs drawn without replacement (seeded) from the zoo's training
-    split, in batches of ``batch_size``; padding beyond each batch's longest pair
-    is trimmed. A test–retest compares the measure on the first and the second half
-    of these batches (disjoint pairs).
+    split, in batches of ``batch_size`` (McCoy et al.'s zoo: MNLI training pairs). A test–retest compares
+    the measure on the first and the second half of these batches (disjoint pairs).
     """
-    zoo = load_zoo(zoo_dir)
-    if n_points < 1 or batch_size < 1:
-        raise ValueError("n_points and batch_size must be >= 1")
-    if zoo.get("kind") == "mccoy_bert":  # profile paper: MNLI training pairs (1024 in batches of 128)
-        from companion.experiments.paper_zoos import mccoy_sharpness_batches
-
-        return mccoy_sharpness_batches(zoo, n_points, batch_size, seed)
-    corpus = Path(zoo_dir) / "corpus"
-    train = nc.load_split(corpus / "train.jsonl")
-    if n_points > len(train):
-        raise ValueError(f"n_points={n_points} exceeds the {len(train)} training pairs")
-    if n_points % batch_size:
-        raise ValueError(f"n_points={n_points} is not a multiple of batch_size={batch_size}")
-    rng = np.random.default_rng(seed)
-    idx = np.sort(rng.choice(len(train), size=n_points, replace=False))
-    tok = nc.make_tokenizer(corpus / "vocab.txt")
-    inputs, labels = nc.encode(tok, [train[i] for i in idx], zoo["spec"]["max_length"])
-    return [(trim({k: v[i:i + batch_size] for k, v in inputs.items()}), labels[i:i + batch_size])
-            for i in range(0, n_points, batch_size)]
+    return source(zoo_dir).sharpness_batches(n_points, batch_size, seed)
 
 
 # ----------------------------------------------------------------------------
@@ -656,27 +699,15 @@ ABLATIONS: dict[str, Measure] = {
 
 
 def member_table(zoo_dir: str | Path) -> "pd.DataFrame":
-    """One row per member of a trained zoo (index: its name): errors, gaps, seed, as ``zoo.json`` records."""
-    import pandas as pd
-
-    return pd.DataFrame(load_zoo(zoo_dir)["models"]).set_index("name")
+    """One row per member of a zoo (index: its name): errors, gaps, seed, as ``zoo.json`` records."""
+    return source(zoo_dir).member_table()
 
 
 def dev_errors(zoo_dir: str | Path, names: Sequence[str]) -> np.ndarray | None:
     """Per-example dev errors ``[members, pairs]`` (0/1) of the members ``names`` on the zoo's
     in-distribution dev split (the gap's evaluation set); None for McCoy et al.'s zoo, whose
-    per-example MNLI predictions are not kept."""
-    zoo = load_zoo(zoo_dir)
-    if zoo.get("kind") == "mccoy_bert":
-        return None
-    spec = ZooSpec.from_dict(zoo["spec"])
-    data = prepare_data(spec, Path(zoo_dir) / "corpus", save=False)
-    inputs, labels = data.encoded["dev"]
-    rows = []
-    for name in names:
-        _, pred = error_rate(load_model(zoo_dir, name, "cpu"), inputs, labels)
-        rows.append(pred != labels.numpy())
-    return np.array(rows, dtype=float)
+    per-example MNLI predictions are not kept. ``source(zoo_dir).eval_errors``."""
+    return source(zoo_dir).eval_errors(names)
 
 
 # ----------------------------------------------------------------------------
@@ -710,12 +741,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from companion.params import stage_params
 
         profile, d = stage_params("language_train", args.profile, args.set, path=args.params)
-        if d.get("source") == "mccoy_bert":  # profile paper: describe McCoy et al.'s runs, train nothing
+        if "source" in d:  # profile paper: describe McCoy et al.'s runs, train nothing
             from companion.experiments.paper_zoos import cli_build
 
             return cli_build("mccoy_bert", args.out, d)
-        threads = set_threads(d.get("threads"))
         spec = ZooSpec.from_dict(d)
+        threads = set_threads(spec.threads)
         if spec.cpu_kernels is not None and spec.device == "cpu":
             env = KERNEL_ENV[spec.cpu_kernels]
             if any(os.environ.get(k) != v for k, v in env.items()):

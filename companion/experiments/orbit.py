@@ -135,6 +135,6 @@ def run_orbit(zoo_dir: str, name: str, batch: tuple[Any, Tensor], *, scales: Seq
     dtypes = {"float32": torch.float32, "float64": torch.float64}
     if dtype not in dtypes:
         raise ValueError(f"orbit dtype must be 'float32' or 'float64', got {dtype!r}")
-    model = lz.load_model(zoo_dir, name, device).to(dtypes[dtype])
+    model = lz.source(zoo_dir).loaders([name], device)[0][1]().to(dtypes[dtype])
     return orbit_ratios(model, batch, [float(a) for a in scales], rho, n_iters=n_iters, seed=seed,
                         action_seeds=[int(a) for a in action_seeds], progress=progress).assign(model=name, dtype=dtype)

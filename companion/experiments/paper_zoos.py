@@ -25,8 +25,9 @@ costs seconds, against minutes for its sharpness on 1024 pairs. The cost is
 paid once per call of :func:`companion.experiments.zoo.measure_zoo`, i.e. a few
 times per model.
 
-Readers (used by :func:`.vision_zoo.load_zoo` / :func:`.vision_zoo.measure_vision_zoo`
-and :func:`.language_zoo.measure_language_zoo` when ``zoo.json`` has one of these kinds):
+Readers, behind :class:`ClipSoupsZoo` and :class:`McCoyZoo` (the
+:class:`companion.experiments.zoo.ZooSource` of these kinds, which ``vision_zoo.source`` and
+``language_zoo.source`` open when ``zoo.json`` has one of them):
 
 * :func:`clip_soups_loaders` -> ``(meta, [(name, loader), ...])``, :func:`clip_soups_sharpness_batches`
   (2048 training images of the 98 % split in batches of 256 in the paper);
@@ -35,12 +36,14 @@ and :func:`.language_zoo.measure_language_zoo` when ``zoo.json`` has one of thes
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -54,6 +57,67 @@ ZOO_FORMAT = 1  # the language zoo's format number, which language_zoo.load_zoo 
 KINDS = ("clip_soups", "mccoy_bert")
 
 
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class ClipSoupsSettings:
+    """``vision_train`` under profile ``paper`` (``source: clip_soups``); see :func:`build_clip_soups_zoo`."""
+
+    source: Literal["clip_soups"]
+    assets_root: str | None
+    manifest: str | None
+    models: int | list[int] | None
+    expect: str | dict[str, Any] | None
+    num_classes: int | None
+    image_size: int
+    train_error_images: int | None
+    test_error_images: int | None
+    error_seed: int
+    batch_size: int
+    num_workers: int
+    group_size: int
+    device: str
+    threads: int | None
+
+
+@dataclass(frozen=True)
+class McCoySettings:
+    """``language_train`` under profile ``paper`` (``source: mccoy_bert``); see :func:`build_mccoy_zoo`."""
+
+    source: Literal["mccoy_bert"]
+    assets_root: str | None
+    manifest: str | None
+    runs: int | list[int] | None
+    train_error_pairs: int | None
+    test_error_pairs: int | None
+    error_seed: int
+    batch_size: int
+    max_seq_length: int
+    prefer: Literal["tsv", "jsonl"]
+    device: str
+    threads: int | None
+
+
+SETTINGS = {"clip_soups": ClipSoupsSettings, "mccoy_bert": McCoySettings}
+
+
+def paper_settings(kind: str, params: Any, inherited: Iterable[str] = ()):
+    """Typed settings of the ``kind`` builder from a resolved profile mapping (missing and unknown keys
+    refused), or as given. ``inherited``: keys of the stage's generated recipe that the paper profile
+    inherits from the section's defaults and does not use; they are dropped before the check."""
+    from companion.params import from_mapping
+
+    if kind not in SETTINGS:
+        raise ValueError(f"unknown paper zoo source {kind!r}; known: {KINDS}")
+    cls = SETTINGS[kind]
+    if isinstance(params, cls):
+        return params
+    own = {f.name for f in dataclasses.fields(cls)}
+    drop = set(inherited) - own
+    return from_mapping(cls, {k: v for k, v in params.items() if k not in drop}, f"{kind} zoo settings")
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -62,15 +126,14 @@ def _path_or_none(p) -> str | None:
     return None if p in (None, "") else str(Path(p).resolve())
 
 
-def _manifest(meta_or_params: Mapping[str, Any]):
+def _manifest(manifest: str | None):
     from companion.assets import load_manifest
 
-    return load_manifest(meta_or_params.get("manifest"))
+    return load_manifest(manifest)
 
 
-def _root(meta_or_params: Mapping[str, Any], manifest) -> Path:
-    root = meta_or_params.get("assets_root")
-    return Path(root) if root not in (None, "") else manifest.root
+def _root(assets_root: str | None, manifest) -> Path:
+    return Path(assets_root) if assets_root not in (None, "") else manifest.root
 
 
 def _indices(value, default_n: int, what: str) -> list[int]:
@@ -88,19 +151,22 @@ def _indices(value, default_n: int, what: str) -> list[int]:
     return out
 
 
-def _checked_selection(params: Mapping[str, Any], group: str, asset: str, key: str,
-                       default_n: int) -> tuple[Any, Path, list[int]]:
+def _checked_selection(s: "ClipSoupsSettings | McCoySettings", group: str, asset: str,
+                       key: str) -> tuple[Any, Path, list[int]]:
     """Common start of the paper-zoo builders: threads, manifest, assets root, the selected
-    model indices (``params[key]``), and the one missing-assets check for that selection."""
+    model indices (``s.<key>``), and the one missing-assets check for that selection."""
     from companion.assets import check_assets
     from hideseek.utils import set_threads
 
-    if params.get("threads") is not None:
-        set_threads(params.get("threads"))
-    man = _manifest(params)
-    root = _root(params, man)
-    n_default = int(man.settings.get(asset, {}).get("n_models", default_n))
-    indices = _indices(params.get(key), n_default, f"{group}_train.{key}")
+    if s.threads is not None:
+        set_threads(s.threads)
+    man = _manifest(s.manifest)
+    root = _root(s.assets_root, man)
+    try:   # how many models the release has: the assets manifest's, not a parameter
+        n_default = int(man.settings[asset]["n_models"])
+    except KeyError:
+        raise ValueError(f"the assets manifest has no settings.{asset}.n_models (the release's model count)") from None
+    indices = _indices(getattr(s, key), n_default, f"{group}_train.{key}")
     check_assets(group, root=root, manifest=man, select={asset: indices})
     return man, root, indices
 
@@ -117,15 +183,16 @@ def _trim(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v[:, :n] for k, v in inputs.items()}
 
 
-def cli_build(kind: str, out_dir: str | os.PathLike, params: Mapping[str, Any], *, progress: bool = True) -> int:
-    """Build a paper zoo from a CLI; a missing asset prints the one message (no traceback), status 2."""
+def cli_build(kind: str, out_dir: str | os.PathLike, params: Mapping[str, Any], *, progress: bool = True,
+              inherited: Iterable[str] = ()) -> int:
+    """Build a paper zoo from a CLI (``params``, ``inherited``: as :func:`paper_settings`); a missing asset
+    prints the one message (no traceback), status 2."""
     from companion.assets import MissingAssetsError
 
-    build = {"clip_soups": build_clip_soups_zoo, "mccoy_bert": build_mccoy_zoo}.get(kind)
-    if build is None:
-        raise ValueError(f"unknown paper zoo source {kind!r}; known: {KINDS}")
+    s = paper_settings(kind, params, inherited)
+    build = {"clip_soups": build_clip_soups_zoo, "mccoy_bert": build_mccoy_zoo}[kind]
     try:
-        meta = build(out_dir, params, progress=progress)
+        meta = build(out_dir, s, progress=progress)
     except MissingAssetsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -176,7 +243,8 @@ def _count_errors(models: Sequence[torch.nn.Module], batches, device: torch.devi
     return [(w, total) for w in wrong]
 
 
-def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, progress: bool = True) -> dict:
+def build_clip_soups_zoo(out_dir: str | os.PathLike, params: "ClipSoupsSettings | Mapping[str, Any]", *,
+                         progress: bool = True) -> dict:
     """Describe the model-soups CLIP fine-tunes as a zoo: errors, gaps and where everything is.
 
     ``params`` (``vision_train.paper``): ``models`` (indices, null = all 72),
@@ -186,25 +254,26 @@ def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], 
     null = all of it), ``test_error_images`` (of the validation set; null = all),
     ``error_seed``, ``batch_size``, ``num_workers``, ``group_size`` (models evaluated
     together on one pass over the images), ``device`` (``auto``), ``threads``.
-    Writes ``out_dir/zoo.json`` and returns its content.
+    Every key is required (:class:`ClipSoupsSettings`). Writes ``out_dir/zoo.json`` and returns its content.
     """
     from companion.assets.imagenet import ImageNetAssets
 
-    man, root, indices = _checked_selection(params, "vision", "clip_soups", "models", 72)
+    s = paper_settings("clip_soups", params)
+    man, root, indices = _checked_selection(s, "vision", "clip_soups", "models")
 
     t0 = time.perf_counter()
-    device = resolve_device(params.get("device", "auto"))
-    expect = _clip_expect(params.get("expect", "vit_b32"))
-    num_classes = params.get("num_classes", 1000)
-    image_size = int(params.get("image_size", 224))
+    device = resolve_device(s.device)
+    expect = _clip_expect(s.expect)
+    num_classes = s.num_classes
+    image_size = s.image_size
     imagenet = ImageNetAssets(root, image_size=image_size, manifest=man)
-    seed = int(params.get("error_seed", 0))
-    n_train, n_test = params.get("train_error_images"), params.get("test_error_images")
+    seed = s.error_seed
+    n_train, n_test = s.train_error_images, s.test_error_images
     idx = {"train": imagenet.error_indices("train", n_train, seed),
            "val": imagenet.error_indices("val", n_test, seed)}
     imagenet.val  # noqa: B018 (checks that val/ has the class folders of train/)
-    bs, workers = int(params.get("batch_size", 256)), int(params.get("num_workers", 8))
-    group = max(1, int(params.get("group_size", 8)))
+    bs, workers = s.batch_size, s.num_workers
+    group = max(1, s.group_size)
     paths = {i: root / "clip_soups" / f"model_{i}.pt" for i in indices}
 
     # Architecture and size from the first model (every model is checked against `expect` when loaded).
@@ -246,7 +315,7 @@ def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], 
         ))
     meta = dict(
         kind="clip_soups", format=ZOO_FORMAT,
-        assets_root=_path_or_none(params.get("assets_root")), manifest=_path_or_none(params.get("manifest")),
+        assets_root=_path_or_none(s.assets_root), manifest=_path_or_none(s.manifest),
         model=config, n_parameters=n_parameters, num_classes=n_out, expect=expect, image_size=image_size,
         n_fit=int(len(imagenet.fit_indices())),
         errors=dict(
@@ -254,7 +323,7 @@ def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], 
                        n_images=int(len(idx["train"])), all=n_train is None, seed=seed),
             test=dict(split="ImageNet validation", n_images=int(len(idx["val"])), all=n_test is None, seed=seed),
         ),
-        device=str(device), params=json.loads(json.dumps(dict(params))),
+        device=str(device), params=dataclasses.asdict(s),
         seconds_total=time.perf_counter() - t0, members=members,
     )
     out = Path(out_dir)
@@ -265,12 +334,11 @@ def build_clip_soups_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], 
 
 def clip_soups_loaders(meta: Mapping[str, Any], device: str | None = "auto") -> list[tuple[str, Callable]]:
     """``[(name, loader)]`` of a ``clip_soups`` zoo; each loader returns the model in eval mode on ``device``."""
-    if meta.get("kind") != "clip_soups":
-        raise ValueError(f"not a clip_soups zoo (kind {meta.get('kind')!r})")
-    root = _root(meta, _manifest(meta))
+    if meta["kind"] != "clip_soups":
+        raise ValueError(f"not a clip_soups zoo (kind {meta['kind']!r})")
+    root = _root(meta["assets_root"], _manifest(meta["manifest"]))
     dev = resolve_device(device)
-    expect = meta.get("expect")
-    return [(m["name"], _clip_loader(root / m["file"], expect, meta.get("num_classes"), dev))
+    return [(m["name"], _clip_loader(root / m["file"], meta["expect"], meta["num_classes"], dev))
             for m in meta["members"]]
 
 
@@ -285,8 +353,8 @@ def clip_soups_sharpness_batches(meta: Mapping[str, Any], n_images: int = 2048, 
     """``n_images`` training images of the 98 % split (seeded), CLIP-preprocessed, in batches."""
     from companion.assets.imagenet import ImageNetAssets
 
-    man = _manifest(meta)
-    assets = ImageNetAssets(_root(meta, man), image_size=int(meta.get("image_size", 224)), manifest=man)
+    man = _manifest(meta["manifest"])
+    assets = ImageNetAssets(_root(meta["assets_root"], man), image_size=int(meta["image_size"]), manifest=man)
     return assets.sharpness_batches(n_images, batch_size, seed)
 
 
@@ -302,7 +370,8 @@ def _bert_loader(run: int, root: Path, manifest, device: torch.device, dtype=tor
     return load
 
 
-def build_mccoy_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, progress: bool = True) -> dict:
+def build_mccoy_zoo(out_dir: str | os.PathLike, params: "McCoySettings | Mapping[str, Any]", *,
+                    progress: bool = True) -> dict:
     """Describe McCoy et al.'s MNLI fine-tunes as a zoo: errors, gaps and where everything is.
 
     ``params`` (``language_train.paper``): ``runs`` (indices, null = 0..34),
@@ -311,22 +380,24 @@ def build_mccoy_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, pr
     9,815), ``error_seed``, ``batch_size``, ``max_seq_length`` (128), ``prefer``
     (``tsv`` or ``jsonl`` when both are present), ``device``, ``threads``.
     Writes ``out_dir/zoo.json`` (``kind: "mccoy_bert"``, in the language zoo's
-    format: ``models``, ``spec.model``, ``spec.max_length``, ``n_parameters``).
+    format: ``models``, ``spec.model``, ``spec.max_length``, ``n_parameters``). Every key is required
+    (:class:`McCoySettings`).
     """
     from companion.assets.bert_mcoy import BASE_DIR, bert_config, mccoy_tokenizer
     from companion.assets.mnli import iter_batches, load_mnli
 
-    man, root, runs = _checked_selection(params, "language", "mccoy_bert", "runs", 35)
+    s = paper_settings("mccoy_bert", params)
+    man, root, runs = _checked_selection(s, "language", "mccoy_bert", "runs")
 
     t0 = time.perf_counter()
-    device = resolve_device(params.get("device", "auto"))
-    max_len = int(params.get("max_seq_length", 128))
-    bs = int(params.get("batch_size", 128))
-    seed = int(params.get("error_seed", 0))
-    data = load_mnli(root, manifest=man, prefer=params.get("prefer", "tsv"))
+    device = resolve_device(s.device)
+    max_len = s.max_seq_length
+    bs = s.batch_size
+    seed = s.error_seed
+    data = load_mnli(root, manifest=man, prefer=s.prefer)
     tok = mccoy_tokenizer(root, manifest=man)
     rng = np.random.default_rng(seed)
-    n_train, n_test = params.get("train_error_pairs"), params.get("test_error_pairs")
+    n_train, n_test = s.train_error_pairs, s.test_error_pairs
 
     def subset(n, total):
         if n is None or int(n) >= total:
@@ -360,7 +431,7 @@ def build_mccoy_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, pr
         bar.set_postfix(train=f"{w_tr / n_tr:.3f}", test=f"{w_te / n_te:.3f}")
     zoo = dict(
         kind="mccoy_bert", format=ZOO_FORMAT,
-        assets_root=_path_or_none(params.get("assets_root")), manifest=_path_or_none(params.get("manifest")),
+        assets_root=_path_or_none(s.assets_root), manifest=_path_or_none(s.manifest),
         spec=dict(model=dict(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
                              num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
                              vocab_size=cfg.vocab_size, hidden_act=cfg.hidden_act),
@@ -372,7 +443,7 @@ def build_mccoy_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, pr
             test=dict(split="MNLI dev matched", n_pairs=int(len(idx["test"])), all=n_test is None,
                       total=len(data.dev_matched), seed=seed),
         ),
-        device=str(device), params=json.loads(json.dumps(dict(params))),
+        device=str(device), params=dataclasses.asdict(s),
         seconds_total=time.perf_counter() - t0, models=records,
     )
     out = Path(out_dir)
@@ -384,10 +455,10 @@ def build_mccoy_zoo(out_dir: str | os.PathLike, params: Mapping[str, Any], *, pr
 def mccoy_loaders(zoo: Mapping[str, Any], names: Sequence[str] | None = None,
                   device: str | None = "auto") -> list[tuple[str, Callable]]:
     """``[(name, loader)]`` of a ``mccoy_bert`` zoo; each loader converts its TF checkpoint on the fly."""
-    if zoo.get("kind") != "mccoy_bert":
-        raise ValueError(f"not a mccoy_bert zoo (kind {zoo.get('kind')!r})")
-    man = _manifest(zoo)
-    root = _root(zoo, man)
+    if zoo["kind"] != "mccoy_bert":
+        raise ValueError(f"not a mccoy_bert zoo (kind {zoo['kind']!r})")
+    man = _manifest(zoo["manifest"])
+    root = _root(zoo["assets_root"], man)
     dev = resolve_device(device)
     runs = {m["name"]: int(m["run"]) for m in zoo["models"]}
     names = list(runs) if names is None else list(names)
@@ -414,11 +485,73 @@ def mccoy_sharpness_batches(zoo: Mapping[str, Any], n_pairs: int = 1024, batch_s
     from companion.assets.bert_mcoy import mccoy_tokenizer
     from companion.assets.mnli import load_mnli, mnli_sharpness_batches
 
-    man = _manifest(zoo)
-    root = _root(zoo, man)
-    data = load_mnli(root, manifest=man, prefer=zoo.get("mnli_source", "tsv"))
+    man = _manifest(zoo["manifest"])
+    root = _root(zoo["assets_root"], man)
+    data = load_mnli(root, manifest=man, prefer=zoo["mnli_source"])
     tok = mccoy_tokenizer(root, manifest=man)
     length = int(max_seq_length if max_seq_length is not None else zoo["spec"]["max_length"])
     batches = mnli_sharpness_batches(data.train, tok, n_pairs=int(n_pairs), batch_size=int(batch_size),
                                      seed=int(seed), max_seq_length=length)
     return [(_trim(x), y) for x, y in batches]
+
+
+# --------------------------------------------------------------------------- as zoo sources
+
+
+class _PaperZoo:
+    """What the paper's two zoos share as :class:`companion.experiments.zoo.ZooSource`: no per-example
+    errors are kept, and one set of sharpness examples is drawn."""
+
+    kind = ""
+    _members = ""          # the zoo.json key of the member list
+
+    def __init__(self, zoo_dir: Path, meta: dict):
+        self.zoo_dir, self.meta = Path(zoo_dir), meta
+
+    def member_table(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.meta[self._members]).set_index("name")
+
+    def eval_errors(self, names: Sequence[str]) -> None:
+        return None
+
+    def retest_batches(self, n_points: int, batch_size: int, seed: int):
+        raise ValueError(f"a test-retest on a second set needs two disjoint example sets; the {self.kind} zoo "
+                         "draws one (set retest: false in the paper profile)")
+
+
+class McCoyZoo(_PaperZoo):
+    """McCoy et al.'s BERTs (:func:`build_mccoy_zoo`) as a :class:`companion.experiments.zoo.ZooSource`."""
+
+    kind, _members = "mccoy_bert", "models"
+
+    def description(self) -> str:
+        return f"{self.kind}: {len(self.meta['models'])} seed-only fine-tunes"
+
+    def loaders(self, names: Sequence[str] | None = None, device: str | None = "cpu"):
+        return mccoy_loaders(self.meta, names, device)
+
+    def sharpness_batches(self, n_points: int, batch_size: int, seed: int):
+        return mccoy_sharpness_batches(self.meta, n_points, batch_size, seed)
+
+
+class ClipSoupsZoo(_PaperZoo):
+    """The model-soups CLIP fine-tunes (:func:`build_clip_soups_zoo`) as a
+    :class:`companion.experiments.zoo.ZooSource`."""
+
+    kind, _members = "clip_soups", "members"
+
+    def description(self) -> str:
+        return f"model-soups CLIP zoo ({len(self.meta['members'])} ViT-B/32 fine-tunes on ImageNet)"
+
+    def loaders(self, names: Sequence[str] | None = None, device: str | None = "cpu"):
+        every = dict(clip_soups_loaders(self.meta, device))
+        names = list(every) if names is None else list(names)
+        unknown = [n for n in names if n not in every]
+        if unknown:
+            raise KeyError(f"models {unknown} are not in the zoo ({sorted(every)})")
+        return [(n, every[n]) for n in names]
+
+    def sharpness_batches(self, n_points: int, batch_size: int, seed: int):
+        return clip_soups_sharpness_batches(self.meta, n_points, batch_size, seed)

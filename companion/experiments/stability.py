@@ -15,26 +15,66 @@ Command line (a DVC stage of its own, ``language_stability``)::
     python -m companion.experiments.stability --out data/zoos/language_stability \\
         --report reports/data/language/stability.csv --profile cpu
 
-reads ``params.yaml`` section ``language_stability`` (sub-dict of the profile): ``zoo``
-(a ``language_train`` profile dict, the recipe; its ``finetune.n_models`` is the zoo size),
-``n_zoos``, ``seed_stride``, ``vary_pretrain``, ``n_points``, ``batch_size``, ``data_seed``, ``n_iters``,
-``seed``, ``rho`` (one radius per measure of
-:data:`companion.experiments.zoo.STANDARD_MEASURES`), ``relative_flatness`` (bool),
-``n_boot``, ``threads``.
+reads ``params.yaml`` section ``language_stability`` into :class:`StabilitySettings` (every key
+required, none defaulted in code): ``zoo`` (a ``language_train`` profile dict, the recipe; its
+``finetune.n_models`` is the zoo size), ``n_zoos``, ``seed_stride``, ``vary_pretrain``, ``n_points``,
+``batch_size``, ``data_seed``, ``n_iters``, ``seed``, ``rho`` (one radius per measure of
+:data:`companion.experiments.zoo.STANDARD_MEASURES`), ``relative_flatness`` (bool), ``n_boot``,
+``threads``, ``workers``.
+
+``n_zoos: 0`` means "not run in this profile" (the cpu profile: a secondary experiment dropped to
+keep ``make repro`` within its budget, issue 16 item 8): nothing is trained or measured; the
+metrics file says it was skipped and why, with an empty ``table1`` (so Table 1 has no stability
+line), and the report tables hold their header only. One zoo (``n_zoos: 1``) shows no spread and is
+refused.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-import numpy as np
 
 from companion.experiments import language_zoo as lz
 
 GAPS = {"gap_in_distribution": ("dev_error", "train_error"), "gap_hans": ("test_error", "train_error")}
+#: columns of the report tables (the per-zoo taus, the members), also written, header only, when skipped
+TAU_COLUMNS = ["measure", "rho", "gap", "tau", "ci_low", "ci_high", "pvalue", "n", "zoo", "pretrain_seed", "base_seed"]
+MEMBER_COLUMNS = ["model", "seed", "train_error", "dev_error", "test_error", *GAPS, "zoo"]
+#: what the metrics file says when the profile does not run the experiment (n_zoos: 0)
+SKIPPED = ("not run in this profile (n_zoos: 0): a secondary experiment, dropped so that the profile's "
+           "make repro fits its time budget (issue 16, item 8); the gpu and paper profiles run it")
+
+
+@dataclass(frozen=True)
+class StabilitySettings:
+    """``params.yaml`` section ``language_stability`` (see the module docstring)."""
+
+    zoo: dict[str, Any]          # a language_train profile mapping (checked by language_zoo.ZooSpec.from_dict)
+    n_zoos: int                  # 0: not run in this profile; otherwise >= 2
+    seed_stride: int
+    vary_pretrain: bool
+    n_points: int
+    batch_size: int
+    data_seed: int
+    n_iters: int
+    seed: int
+    rho: dict[str, float]
+    relative_flatness: bool
+    n_boot: int
+    threads: int | None
+    workers: int
+
+
+def stability_settings(params: "StabilitySettings | Mapping[str, Any]",
+                       where: str = "language_stability") -> StabilitySettings:
+    """Typed settings from a resolved mapping (checked: missing and unknown keys refused), or as given."""
+    from companion.params import from_mapping
+
+    return params if isinstance(params, StabilitySettings) else from_mapping(StabilitySettings, params, where)
 
 
 def zoo_spec(base: Mapping[str, Any], j: int, stride: int, *, vary_pretrain: bool = True,
@@ -42,20 +82,17 @@ def zoo_spec(base: Mapping[str, Any], j: int, stride: int, *, vary_pretrain: boo
     """The recipe ``base`` with zoo ``j``'s seeds: fine-tuning ``base_seed + j·stride``
     (``stride`` ≥ the zoo size, so no two zoos share a seed); pre-training ``seed + j`` when
     ``vary_pretrain``, else zoo ``j ≥ 1`` fine-tunes ``shared_pretrained`` (zoo 0's model)."""
-    d = json.loads(json.dumps(dict(base)))
-    d.pop("threads", None)
-    pre, ft = d.setdefault("pretrain", {}), d.setdefault("finetune", {})
-    n_models = int(ft.get("n_models", lz.FinetuneSpec.n_models))
+    spec = lz.ZooSpec.from_dict({k: v for k, v in base.items() if k != "threads"})
+    n_models = spec.finetune.n_models
     if stride < n_models:
         raise ValueError(f"seed_stride={stride} is smaller than the zoo size {n_models}: zoos would share seeds")
-    if vary_pretrain:
-        pre["seed"] = int(pre.get("seed", lz.PretrainSpec.seed)) + j
-    elif j > 0:
+    pre = dataclasses.replace(spec.pretrain, seed=spec.pretrain.seed + j) if vary_pretrain else spec.pretrain
+    if not vary_pretrain and j > 0:
         if shared_pretrained is None:
             raise ValueError("zoos that share the pre-trained model need its folder (shared_pretrained)")
-        d["base"] = str(shared_pretrained)
-    ft["base_seed"] = int(ft.get("base_seed", lz.FinetuneSpec.base_seed)) + j * stride
-    return lz.ZooSpec.from_dict(d)
+        spec = dataclasses.replace(spec, base=str(shared_pretrained))
+    ft = dataclasses.replace(spec.finetune, base_seed=spec.finetune.base_seed + j * stride)
+    return dataclasses.replace(spec, pretrain=pre, finetune=ft)
 
 
 def member_gaps(zoo: Mapping[str, Any]):
@@ -71,24 +108,26 @@ def member_gaps(zoo: Mapping[str, Any]):
     return pd.DataFrame(rows).set_index("model")
 
 
-def measure_one_zoo(zoo_dir: str | Path, p: Mapping[str, Any], *, progress: bool = False):
+def measure_one_zoo(zoo_dir: str | Path, params: "StabilitySettings | Mapping[str, Any]", *,
+                    progress: bool = False):
     """Values of every measure on every member of one zoo: a frame ``model, measure, rho, value``."""
     import pandas as pd
 
     from companion.experiments.zoo import STANDARD_MEASURES, measure_zoo
 
-    rho = dict(p["rho"])
+    s = stability_settings(params)
+    rho = dict(s.rho)
     unknown = set(rho) - set(STANDARD_MEASURES)
     if unknown:
         raise ValueError(f"unknown measures {sorted(unknown)} in rho; known: {sorted(STANDARD_MEASURES)}")
-    batches = lz.sharpness_batches(zoo_dir, int(p["n_points"]), int(p["batch_size"]), int(p.get("data_seed", 0)))
+    batches = lz.sharpness_batches(zoo_dir, s.n_points, s.batch_size, s.data_seed)
     loaders = lz.model_loaders(zoo_dir)
     frame = measure_zoo(loaders, batches, {k: STANDARD_MEASURES[k] for k in rho},
-                        {k: [float(v)] for k, v in rho.items()}, seed=int(p.get("seed", 0)),
-                        n_iters=int(p["n_iters"]), progress=progress, common={"progress": False},
-                        workers=int(p.get("workers") or 1))
+                        {k: [float(v)] for k, v in rho.items()}, seed=s.seed,
+                        n_iters=s.n_iters, progress=progress, common={"progress": False},
+                        workers=s.workers)
     frame = frame[["model", "measure", "rho", "value"]]
-    if p.get("relative_flatness", True):
+    if s.relative_flatness:
         from companion.experiments.relative import relative_flatness_values
 
         rf = relative_flatness_values(loaders, batches)[["model", "value"]]
@@ -96,7 +135,7 @@ def measure_one_zoo(zoo_dir: str | Path, p: Mapping[str, Any], *, progress: bool
     return frame
 
 
-def zoo_taus(frame, gaps, *, n_boot: int = 1000, seed: int = 0):
+def zoo_taus(frame, gaps, *, n_boot: int, seed: int):
     """Kendall tau of each measure against each gap over all members of one zoo."""
     import pandas as pd
 
@@ -113,34 +152,27 @@ def zoo_taus(frame, gaps, *, n_boot: int = 1000, seed: int = 0):
     return pd.DataFrame(rows)
 
 
-def run_stability(params: Mapping[str, Any], out_dir: str | Path, *, progress: bool = True,
+def run_stability(params: "StabilitySettings | Mapping[str, Any]", out_dir: str | Path, *, progress: bool = True,
                   train: bool = True):
     """Train (unless ``train=False`` and the zoos exist) and measure ``n_zoos`` zoos.
 
-    Returns ``(taus, members, summary)``: tau per (zoo, measure, gap); every member's errors
-    and gaps; and per (measure, gap) the mean, standard deviation, min and max of tau over
-    zoos (the spread a reader should hold a single zoo's tau against).
+    Returns ``(taus, members, summary, seconds)``: tau per (zoo, measure, gap); every member's errors
+    and gaps; per (measure, gap) the mean, standard deviation, min and max of tau over
+    zoos (the spread a reader should hold a single zoo's tau against); the wall-clock times per zoo.
     """
     import pandas as pd
 
     from hideseek.utils import set_threads
 
-    p = dict(params)
-    missing = [k for k in ("zoo", "n_zoos", "n_points", "batch_size", "n_iters", "rho") if k not in p]
-    if missing:
-        raise KeyError(f"language_stability parameters lack {missing}")
-    n_zoos = int(p["n_zoos"])
-    if n_zoos < 2:
-        raise ValueError(f"n_zoos must be >= 2 to show a spread, got {n_zoos}")
-    if p.get("threads") is not None:
-        set_threads(int(p["threads"]))
-    n_models = int(p["zoo"].get("finetune", {}).get("n_models", lz.FinetuneSpec.n_models))
-    stride = int(p.get("seed_stride") or max(1000, n_models))
+    s = stability_settings(params)
+    check_n_zoos(s.n_zoos, allow_skip=False)
+    if s.threads is not None:
+        set_threads(s.threads)
     out = Path(out_dir)
     all_taus, all_members, seconds = [], [], {}
-    for j in range(n_zoos):
+    for j in range(s.n_zoos):
         zdir = out / f"zoo_{j}"
-        spec = zoo_spec(p["zoo"], j, stride, vary_pretrain=bool(p.get("vary_pretrain", False)),
+        spec = zoo_spec(s.zoo, j, s.seed_stride, vary_pretrain=s.vary_pretrain,
                         shared_pretrained=out / "zoo_0" / "pretrained")
         t0 = time.perf_counter()
         if train or not (zdir / "zoo.json").is_file():
@@ -151,8 +183,8 @@ def run_stability(params: Mapping[str, Any], out_dir: str | Path, *, progress: b
                 raise ValueError(f"{zdir} holds a zoo of another recipe or seeds; train it again")
         t1 = time.perf_counter()
         gaps = member_gaps(zoo)
-        frame = measure_one_zoo(zdir, p, progress=progress)
-        taus = zoo_taus(frame, gaps, n_boot=int(p.get("n_boot", 1000)), seed=int(p.get("seed", 0)))
+        frame = measure_one_zoo(zdir, s, progress=progress)
+        taus = zoo_taus(frame, gaps, n_boot=s.n_boot, seed=s.seed)
         seconds[f"zoo_{j}"] = {"train": t1 - t0, "measure": time.perf_counter() - t1}
         all_taus.append(taus.assign(zoo=j, pretrain_seed=spec.pretrain.seed,
                                     base_seed=spec.finetune.base_seed))
@@ -163,6 +195,15 @@ def run_stability(params: Mapping[str, Any], out_dir: str | Path, *, progress: b
                .agg(["mean", "std", "min", "max", "count", "size"]).reset_index()
                .rename(columns={"count": "n_defined", "size": "n_zoos"}))   # tau undefined for a constant gap
     return taus, members, summary, seconds
+
+
+def check_n_zoos(n_zoos: int, *, allow_skip: bool) -> None:
+    """``n_zoos`` must be >= 2 (one zoo shows no spread), or 0 (not run) where skipping is allowed."""
+    if n_zoos == 0 and allow_skip:
+        return
+    if n_zoos < 2:
+        raise ValueError(f"language_stability.n_zoos must be >= 2 to show a spread over zoos, or 0 to skip the "
+                         f"experiment in this profile; got {n_zoos}")
 
 
 def table1_entry(taus) -> dict[str, Any]:
@@ -181,11 +222,24 @@ def table1_entry(taus) -> dict[str, Any]:
             "n_models": size, "spread": spread}
 
 
-def _read_params(params_file: str | Path, profile: str | None) -> tuple[str, dict]:
-    return lz.read_params(params_file, profile, section="language_stability")
+def write_skipped(profile: str, s: StabilitySettings, out: str | Path, report: str | Path,
+                  metrics: str | Path) -> None:
+    """The stage's outputs when the profile does not run it (``n_zoos: 0``): no zoo, report tables with
+    their header only, and a metrics file that says it was skipped and why (no Table 1 line)."""
+    out, report = Path(out), Path(report)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "SKIPPED.txt").write_text(f"language_stability, profile {profile}: {SKIPPED}\n")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(",".join(TAU_COLUMNS) + "\n")
+    report.with_name(report.stem + "_members.csv").write_text(",".join(MEMBER_COLUMNS) + "\n")
+    Path(metrics).parent.mkdir(parents=True, exist_ok=True)
+    Path(metrics).write_text(json.dumps({"profile": profile, "skipped": SKIPPED, "params": dataclasses.asdict(s),
+                                         "table1": []}, indent=1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from companion.params import stage_params
+
     ap = argparse.ArgumentParser(prog="python -m companion.experiments.stability",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/zoos/language_stability")
@@ -195,13 +249,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--no-train", action="store_true", help="reuse zoos already in --out")
     args = ap.parse_args(argv)
-    profile, p = _read_params(args.params, args.profile)
-    taus, members, summary, seconds = run_stability(p, args.out, train=not args.no_train)
+    profile, raw = stage_params("language_stability", args.profile, path=args.params)
+    s = stability_settings(raw, f"params.yaml language_stability ({profile})")
+    check_n_zoos(s.n_zoos, allow_skip=True)
+    if s.n_zoos == 0:
+        write_skipped(profile, s, args.out, args.report, args.metrics)
+        print(f"language_stability: {SKIPPED}")
+        return 0
+    taus, members, summary, seconds = run_stability(s, args.out, train=not args.no_train)
     report = Path(args.report)
     report.parent.mkdir(parents=True, exist_ok=True)
     taus.to_csv(report, index=False)
     members.to_csv(report.with_name(report.stem + "_members.csv"), index=False)
-    metrics = {"profile": profile, "params": p, "seconds": seconds,
+    metrics = {"profile": profile, "params": dataclasses.asdict(s), "seconds": seconds,
                "summary": summary.to_dict("records"), "table1": table1_entry(taus)}
     Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
     Path(args.metrics).write_text(json.dumps(metrics, indent=1, default=float))

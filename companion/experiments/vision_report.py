@@ -86,35 +86,30 @@ def load_settings(profile: str, params: dict) -> VisionSettings:
     return vz.settings_from_mapping(VisionSettings, STAGE, profile, params)
 
 
-def _batches(meta: dict, s: VisionSettings) -> tuple[list, list | None]:
+def _batches(src, s: VisionSettings) -> tuple[list, list | None]:
     """The primary sharpness batches and, with ``s.retest``, the disjoint second set."""
-    if meta["kind"] == "clip_soups":  # the paper's zoo: ImageNet images of the 98 % training split
-        from companion.experiments.paper_zoos import clip_soups_sharpness_batches
-
-        if s.retest:
-            raise ValueError("vision.retest needs two disjoint image sets; the clip_soups zoo draws one "
-                             "(set retest: false in the paper profile)")
-        return clip_soups_sharpness_batches(meta, s.n_images, s.batch_size, s.data_seed), None
-    data = vz.zoo_data(meta)
-    first = vz.sharpness_batches(data, s.n_images, s.batch_size, 0)
-    return first, (vz.sharpness_batches(data, s.n_images, s.batch_size, s.n_images) if s.retest else None)
+    if s.retest:   # before any image is read: a zoo that draws one set refuses here
+        second = src.retest_batches(s.n_images, s.batch_size, s.data_seed)
+        return src.sharpness_batches(s.n_images, s.batch_size, s.data_seed), second
+    return src.sharpness_batches(s.n_images, s.batch_size, s.data_seed), None
 
 
-def measure_members(s: VisionSettings, *, progress: bool) -> tuple[dict, pd.DataFrame, pd.DataFrame, float]:
-    """``(meta, primary frame, exploratory frame, seconds)``: sharpness at the pre-registered radii on
+def measure_members(s: VisionSettings, *, progress: bool) -> tuple[object, pd.DataFrame, pd.DataFrame, float]:
+    """``(zoo source, primary frame, exploratory frame, seconds)``: sharpness at the pre-registered radii on
     set 1 (+ set 2) and at the exploratory radii on set 1."""
     from hideseek.utils import set_threads
 
     set_threads(s.threads)
-    meta, models = vz.load_zoo(s.zoo_dir, device=s.device)
-    first, second = _batches(meta, s)
+    src = vz.source(s.zoo_dir)
+    models = src.loaders(device=s.device)
+    first, second = _batches(src, s)
     t0 = time.perf_counter()
     primary = vz.measure(models, first + (second or []), s.measures, {k: [r] for k, r in s.rho.items()},
                          seed=s.seed, n_iters=s.n_iters, workers=s.workers, progress=progress)
     extra = {k: [r for r in s.exploratory_rho[k] if r != s.rho[k]] for k in s.measures}
     explore = vz.measure(models, first, {k: m for k, m in s.measures.items() if extra[k]}, extra, seed=s.seed,
                          n_iters=s.n_iters, workers=s.workers, progress=progress) if any(extra.values()) else None
-    return meta, primary, explore, time.perf_counter() - t0
+    return src, primary, explore, time.perf_counter() - t0
 
 
 def _split_sets(primary: pd.DataFrame, n_first: int) -> tuple[pd.DataFrame, pd.DataFrame | None]:
@@ -184,7 +179,7 @@ def finding_lines(primary: pd.DataFrame, rel: float, n_test: int, labels: dict[s
 
 
 def report_metrics(primary: pd.DataFrame, fields: dict, members: pd.DataFrame, curve: pd.DataFrame,
-                   rel_curve: pd.DataFrame, meta: dict, s: VisionSettings, lines: list[str]) -> dict:
+                   rel_curve: pd.DataFrame, src, s: VisionSettings, lines: list[str]) -> dict:
     """The stage's metrics (layout: :mod:`companion.metrics`; Table 1 entry per the issue-16 contract)."""
     p = primary.set_index("measure")
     col = lambda c: {k: float(p.loc[k, c]) for k in p.index}  # noqa: E731
@@ -194,8 +189,7 @@ def report_metrics(primary: pd.DataFrame, fields: dict, members: pd.DataFrame, c
                  rho=col("rho"), n_models=int(len(members))) | fields
     return {
         "table1_row": "ImageNet", "table1": [entry], "paper_tau": paper.table1_tau("vision"),
-        "setting": (f"model-soups CLIP zoo ({len(members)} ViT-B/32 fine-tunes on ImageNet)"
-                    if meta["kind"] == "clip_soups" else f"glyph ViT zoo ({len(members)} open_clip ViTs)"),
+        "setting": src.description(),
         "primary": primary.to_dict("records"), "findings": lines,
         "gap_reliability": rel_curve.to_dict("records"),
         "exploratory": {"what": "τ against ρ on set 1 (not pre-registered; no choice is made from it)",
@@ -210,7 +204,7 @@ def report_metrics(primary: pd.DataFrame, fields: dict, members: pd.DataFrame, c
                 "test_error_max": float(members["test_error"].max()),
                 "train_error_min": float(members["train_error"].min()),
                 "train_error_max": float(members["train_error"].max()),
-                "n_test": int(meta["n_test"]) if "n_test" in meta else None},
+                "n_test": int(src.meta["n_test"]) if "n_test" in src.meta else None},
     }
 
 
@@ -230,10 +224,10 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     out = Path(out_dir)
     for sub in ("figures", "metrics", "data"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    meta, primary_frame, explore, seconds = measure_members(s, progress=progress)
-    members = vz.members_frame(meta)
+    src, primary_frame, explore, seconds = measure_members(s, progress=progress)
+    members = src.member_table()
     first, second = _split_sets(primary_frame, s.n_images // s.batch_size)
-    errors = vz.test_errors(s.zoo_dir, meta) if meta["kind"] == "vision" else None
+    errors = src.eval_errors(list(members.index))
     rel_curve = reliability_curve(errors, members["train_error"].to_numpy(), s)
     rel = float(rel_curve["split_half"].iloc[-1]) if len(rel_curve) else float("nan")
     primary, fields = primary_table(members, first, second, rel, s)
@@ -244,12 +238,12 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     members = members.assign(**{f"sharpness_{k}": v.to_numpy() for k, v in at.items()})
     between = pd.DataFrame({a: {b: analysis.kendall(at[a], at[b], n_boot=0, seed=s.seed).tau for b in at} for a in at})
     hp_rank = (members[list(HP_COLUMNS) + ["gap"]].corr(method="kendall")["gap"].drop("gap")
-               if meta["kind"] == "vision" else None)
+               if set(HP_COLUMNS) <= set(members) else None)   # the paper's checkpoints record no hyperparameters
     members = members.assign(did_not_fit=members["train_error"] > s.max_train_error)
     n_failed = int(members["did_not_fit"].sum())
-    lines = finding_lines(primary, rel, int(meta["n_test"]) if "n_test" in meta else 0, labels, n_failed,
-                     s.max_train_error)
-    metrics = report_metrics(primary, fields, members, curve, rel_curve, meta, s, lines)
+    lines = finding_lines(primary, rel, int(src.meta["n_test"]) if "n_test" in src.meta else 0, labels, n_failed,
+                          s.max_train_error)
+    metrics = report_metrics(primary, fields, members, curve, rel_curve, src, s, lines)
     cm.write_stage_metrics(out, STAGE, metrics)
     data = out / "data"
     frames = pd.concat([primary_frame.assign(set="primary"), explore.assign(set="exploratory")]

@@ -45,7 +45,7 @@ import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -490,20 +490,71 @@ def train_zoo(out: str | Path, s: VisionTrain, *, stream: str = "main", n_models
 
 
 def load_zoo(path: str | Path, device: str = "cpu") -> tuple[dict, list[tuple[str, Any]]]:
-    """``(meta, [(name, loader), ...])`` for a zoo folder; each loader returns an eval-mode model on ``device``."""
+    """``(meta, [(name, loader), ...])`` for a zoo folder (generated or the paper's: :func:`source`); each
+    loader returns an eval-mode model on ``device``."""
+    src = source(path)
+    return src.meta, src.loaders(device=device)
+
+
+def source(path: str | Path):
+    """The :class:`companion.experiments.zoo.ZooSource` of the vision zoo in ``path``: generated
+    (:class:`GlyphZoo`) or the model-soups CLIP fine-tunes (:class:`companion.experiments.paper_zoos.ClipSoupsZoo`),
+    chosen from zoo.json's kind by :func:`companion.experiments.zoo.open_source`."""
+    from companion.experiments.paper_zoos import ClipSoupsZoo
+    from companion.experiments.zoo import open_source
+
     path = Path(path)
     meta_file = path / "zoo.json"
     if not meta_file.is_file():
         raise FileNotFoundError(f"{meta_file} not found; train the zoo first "
                                 f"(python -m companion.experiments.vision_zoo train --out {path})")
-    meta = json.loads(meta_file.read_text())
-    if meta["kind"] == "clip_soups":  # the paper's model-soups CLIP fine-tunes (profile paper)
-        from companion.experiments.paper_zoos import clip_soups_loaders
+    return open_source(path, json.loads(meta_file.read_text()),
+                       {GlyphZoo.kind: GlyphZoo, ClipSoupsZoo.kind: ClipSoupsZoo})
 
-        return meta, clip_soups_loaders(meta, device)
-    s = zoo_settings(meta)
-    return meta, [(m["name"], functools.partial(load_member, s.model, s.data.spec.image_size, s.data.spec.n_classes,
-                                                str(path / m["file"]), device)) for m in meta["members"]]
+
+class GlyphZoo:
+    """A zoo trained by :func:`train_zoo` on generated glyphs, as a :class:`companion.experiments.zoo.ZooSource`."""
+
+    kind = "vision"
+
+    def __init__(self, zoo_dir: Path, meta: dict):
+        self.zoo_dir, self.meta = Path(zoo_dir), meta
+
+    def description(self) -> str:
+        return f"glyph ViT zoo ({len(self.meta['members'])} open_clip ViTs)"
+
+    def loaders(self, names=None, device: str | None = "cpu") -> list[tuple[str, Any]]:
+        s = zoo_settings(self.meta)
+        files = {m["name"]: m["file"] for m in self.meta["members"]}
+        names = list(files) if names is None else list(names)
+        return [(n, functools.partial(load_member, s.model, s.data.spec.image_size, s.data.spec.n_classes,
+                                      str(self.zoo_dir / files[n]), device)) for n in names]
+
+    @functools.cached_property
+    def data(self) -> ZooData:
+        return zoo_data(self.meta)
+
+    def _pool_offset(self, seed: int, n_points: int, which: int) -> int:
+        if seed != 0:
+            raise ValueError(f"the glyph zoo's sharpness images are fixed slices of its pool (drawn by "
+                             f"vision_train.data.seed); data_seed is the paper zoo's and must be 0 here, got {seed}")
+        return which * n_points
+
+    def sharpness_batches(self, n_points: int, batch_size: int, seed: int) -> list:
+        """Pool images ``0 .. n_points - 1`` (set 1)."""
+        return sharpness_batches(self.data, n_points, batch_size, self._pool_offset(seed, n_points, 0))
+
+    def retest_batches(self, n_points: int, batch_size: int, seed: int) -> list:
+        """Pool images ``n_points .. 2 n_points - 1`` (set 2, disjoint from set 1)."""
+        return sharpness_batches(self.data, n_points, batch_size, self._pool_offset(seed, n_points, 1))
+
+    def member_table(self):
+        return members_frame(self.meta)
+
+    def eval_errors(self, names) -> np.ndarray:
+        """Per-example test errors (uint8) of ``names`` on the shared test set."""
+        order = {m["name"]: i for i, m in enumerate(self.meta["members"])}
+        return test_errors(self.zoo_dir, self.meta)[[order[n] for n in names]]
 
 
 def zoo_settings(meta: dict) -> VisionTrain:
@@ -585,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
         if "source" in raw:  # profile paper: describe the model-soups release, train nothing
             from companion.experiments.paper_zoos import cli_build
 
-            return cli_build("clip_soups", args.out, raw, progress=not args.no_progress)
+            return cli_build("clip_soups", args.out, raw, progress=not args.no_progress,
+                             inherited=[f.name for f in fields(VisionTrain)])   # the recipe, unused here
         s = load_settings(profile, args.overrides, path=args.params)
     except ParamsError as exc:
         parser.error(str(exc))

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -302,3 +303,54 @@ def per_batch_halves(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     second = [float(np.mean(pb[h:])) for pb, h in zip(frame["per_batch"], k)]
     cols = ["model", "measure", "rho"]
     return frame[cols].assign(value=first), frame[cols].assign(value=second)
+
+
+# --------------------------------------------------------------------------- zoo sources
+
+
+@runtime_checkable
+class ZooSource(Protocol):
+    """A zoo as the stages read it, whoever made it: the generated zoos
+    (:class:`companion.experiments.language_zoo.GeneratedNLIZoo`,
+    :class:`companion.experiments.vision_zoo.GlyphZoo`) and the paper's
+    (:class:`companion.experiments.paper_zoos.McCoyZoo`, :class:`companion.experiments.paper_zoos.ClipSoupsZoo`).
+    A stage gets one from :func:`open_source` and never asks which kind it holds."""
+
+    kind: str              # zoo.json's kind ("generated_nli" for the generated language zoo, which records none)
+    zoo_dir: Path
+    meta: dict             # zoo.json
+
+    def description(self) -> str:
+        """One line naming the zoo for reports."""
+
+    def loaders(self, names: Sequence[str] | None = None,
+                device: str | None = "cpu") -> list[tuple[str, Callable[[], nn.Module]]]:
+        """``[(name, loader)]`` of the members ``names`` (all, in the zoo's order, when None); a loader
+        returns the model in eval mode on ``device`` (picklable for :func:`measure_zoo`'s workers)."""
+
+    def sharpness_batches(self, n_points: int, batch_size: int, seed: int) -> list:
+        """The fixed training examples on which every member's sharpness is measured."""
+
+    def retest_batches(self, n_points: int, batch_size: int, seed: int) -> list:
+        """A second set, disjoint from :meth:`sharpness_batches`, for a test–retest; a zoo that can draw
+        only one refuses (ValueError saying what to set instead)."""
+
+    def member_table(self) -> pd.DataFrame:
+        """One row per member (index: its name): errors, gap and what else ``zoo.json`` records."""
+
+    def eval_errors(self, names: Sequence[str]) -> np.ndarray | None:
+        """Per-example errors ``[members, examples]`` (0/1) of ``names`` on the shared evaluation set of the
+        gap; None for a zoo that does not keep them (the paper's)."""
+
+
+def open_source(zoo_dir: str | Path, meta: Mapping[str, Any], sources: Mapping[str, Callable[..., ZooSource]],
+                default_kind: str | None = None) -> ZooSource:
+    """The registry: the :class:`ZooSource` of the zoo in ``zoo_dir`` (``meta``: its ``zoo.json``) chosen once
+    from its ``kind`` among ``sources`` (kind -> class called as ``cls(zoo_dir, meta)``; a zoo.json without
+    ``kind`` is ``default_kind``). Each modality passes its table (:data:`companion.experiments.language_zoo.SOURCES`,
+    :data:`companion.experiments.vision_zoo.SOURCES`), so a stage imports only its own modality's code."""
+    kind = meta["kind"] if "kind" in meta else default_kind
+    if kind not in sources:
+        raise ValueError(f"{zoo_dir}: a zoo of kind {kind!r}; this stage reads {sorted(map(str, sources))} "
+                         "(is zoo_dir the right zoo?)")
+    return sources[kind](Path(zoo_dir), dict(meta))

@@ -2,8 +2,8 @@
 call into the companion that computes and findings generated, not typed; no function in the
 companion longer than 80 lines; no `.get(key, default)` parameter reads in the experiments.
 
-Parametrized over explicit lists of what has been converted so far: extend NOTEBOOKS, MODULES and
-EXPERIMENTS as stages are converted (vision, language, sam), until they cover everything."""
+Parametrized over every notebook listed in NOTEBOOKS, every module of `companion/` (function length) and
+every module of `companion/experiments/` (parameter reads)."""
 import ast
 import json
 import re
@@ -15,21 +15,10 @@ from tests import ROOT
 
 #: notebooks/<name>.ipynb under the notebook contract
 NOTEBOOKS = ["toy", "diagonal", "vision", "sam", "language"]
-#: companion modules whose functions are held to 80 lines
-MODULES = ["companion/analysis.py", "companion/paper.py", "companion/params.py", "companion/metrics.py",
-           "companion/experiments/toy.py", "companion/experiments/diagonal.py", "companion/experiments/table1.py",
-           "companion/experiments/correlation.py", "companion/experiments/crossfit.py", "companion/experiments/zoo.py",
-           "companion/pipeline.py", "companion/experiments/glyphs.py", "companion/experiments/vision_zoo.py",
-           "companion/experiments/vision_pilot.py", "companion/experiments/vision_report.py",
-           "companion/experiments/sam.py", "companion/experiments/language_report.py",
-           "companion/experiments/language_pilot.py", "companion/experiments/language_zoo.py",
-           "companion/experiments/relative.py", "companion/experiments/orbit.py", "companion/experiments/nli_corpus.py",
-           "companion/experiments/minilm.py", "companion/experiments/stability.py",
-           "companion/experiments/paper_zoos.py"]
-#: experiment modules that read their parameters through typed settings only
-EXPERIMENTS = ["toy", "diagonal", "table1", "correlation", "crossfit", "zoo", "glyphs", "vision_zoo", "vision_pilot",
-               "vision_report", "sam", "language_report", "language_pilot", "language_zoo", "relative", "orbit",
-               "nli_corpus", "minilm"]
+#: companion modules whose functions are held to 80 lines: every module of the package
+MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "companion").rglob("*.py"))
+#: experiment modules that read their parameters through typed settings only: all of them
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "companion" / "experiments").glob("*.py") if p.stem != "__init__")
 #: companion functions a notebook may call besides its one computing call: they only format numbers
 PRESENTATION = {"findings"}
 MAX_CODE_LINES, MAX_FUNCTION_LINES = 150, 80

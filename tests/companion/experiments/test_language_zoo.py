@@ -296,3 +296,44 @@ def test_cli_restarts_with_pinned_kernels(tmp_path):
     assert "restarting" in res.stdout
     kernels = lz.load_zoo(tmp_path / "z")["cpu_kernels"]
     assert kernels["capability"] == "AVX2" and kernels["MKL_CBWR"] == "AVX2"
+
+
+def test_source_of_a_generated_zoo_reads_what_the_stages_read(tiny_zoo):
+    """The ZooSource of a generated zoo (the cpu path of every language stage): the seeded draw of
+    training pairs, encoded and trimmed as by hand, the saved fine-tunes, the recorded members, the
+    per-example dev errors; and the module's shorthands give the same."""
+    from transformers import BertForSequenceClassification
+
+    from companion.experiments.zoo import ZooSource
+
+    out, zoo = tiny_zoo
+    src = lz.source(out)
+    assert isinstance(src, lz.GeneratedNLIZoo) and isinstance(src, ZooSource) and src.kind == "generated_nli"
+    assert src.description() == f"generated_nli: {len(zoo['models'])} seed-only fine-tunes"
+    train = nc.load_split(out / "corpus" / "train.jsonl")
+    idx = np.sort(np.random.default_rng(3).choice(len(train), size=32, replace=False))
+    inputs, labels = nc.encode(nc.make_tokenizer(out / "corpus" / "vocab.txt"), [train[i] for i in idx],
+                               zoo["spec"]["max_length"])
+    got, short = src.sharpness_batches(32, 16, 3), lz.sharpness_batches(out, 32, 16, 3)
+    assert len(got) == len(short) == 2
+    for k, ((x, y), (xs, ys)) in enumerate(zip(got, short)):
+        n = int(inputs["attention_mask"][16 * k:16 * k + 16].sum(1).max())
+        assert torch.equal(y, labels[16 * k:16 * k + 16]) and torch.equal(ys, y)
+        assert all(torch.equal(x[key], v[16 * k:16 * k + 16, :n]) and torch.equal(xs[key], x[key])
+                   for key, v in inputs.items())
+    names = [m["name"] for m in zoo["models"]]
+    loaded = src.loaders()
+    assert [n for n, _ in loaded] == names and [n for n, _ in src.loaders(names[::-1])] == names[::-1]
+    for name, load in loaded:
+        ref = BertForSequenceClassification.from_pretrained(out / name, local_files_only=True).state_dict()
+        model = load()
+        assert not model.training and all(torch.equal(t, ref[k]) for k, t in model.state_dict().items())
+    assert [n for n, _ in lz.model_loaders(out)] == names
+    table = src.member_table()
+    assert list(table.index) == names and table["dev_error"].tolist() == [m["dev_error"] for m in zoo["models"]]
+    assert table.equals(lz.member_table(out))
+    errors = src.eval_errors(names[::-1])
+    np.testing.assert_allclose(errors.mean(1), [m["dev_error"] for m in zoo["models"]][::-1], atol=1e-12)
+    assert np.array_equal(errors, lz.dev_errors(out, names[::-1]))
+    with pytest.raises(ValueError, match="halves"):
+        src.retest_batches(32, 16, 3)

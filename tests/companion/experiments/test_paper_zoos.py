@@ -169,7 +169,7 @@ def test_vision_stage_measures_the_clip_zoo_as_a_direct_call(clip_assets):
     meta, loaders = vz.load_zoo(a["zoo_dir"], device="cpu")
     assert [n for n, _ in loaders] == [f"model_{i}" for i in range(N_CLIP)]
     s = vr.load_settings("paper", _vision_params(a))
-    meta, frame, explore, _ = vr.measure_members(s, progress=False)
+    src, frame, explore, _ = vr.measure_members(s, progress=False)
     assert explore is None and len(frame) == N_CLIP * 3 and np.isfinite(frame["value"]).all()
     assert frame["per_batch"].map(len).eq(2).all()
     with pytest.raises(ValueError, match="retest"):

@@ -15,8 +15,9 @@ TINY = {   # large steps, no hidden dropout: tiny members that differ (so tau is
     "pretrain": {"steps": 20, "batch_size": 16, "seed": 5},
     "finetune": {"n_models": 4, "epochs": 6.0, "lr": 1e-2, "batch_size": 16, "base_seed": 7},
 }
-PARAMS = {"zoo": TINY, "n_zoos": 2, "seed_stride": 100, "n_points": 16, "batch_size": 16, "n_iters": 1,
-          "rho": {"adaptive": 0.1, "geodesic_mixed": 0.01}, "n_boot": 0}
+PARAMS = {"zoo": TINY, "n_zoos": 2, "seed_stride": 100, "vary_pretrain": False, "n_points": 16, "batch_size": 16,
+          "data_seed": 0, "n_iters": 1, "seed": 0, "rho": {"adaptive": 0.1, "geodesic_mixed": 0.01},
+          "relative_flatness": True, "n_boot": 0, "threads": None, "workers": 1}
 
 
 def test_zoo_seeds_differ_and_never_overlap():
@@ -36,6 +37,7 @@ def test_run_stability(tmp_path):
     taus, members, summary, _ = st.run_stability(PARAMS, tmp_path, progress=False)
     assert set(taus["measure"]) == {"adaptive", "geodesic_mixed", "relative_flatness"}
     assert len(taus) == 2 * 3 * 2 and set(taus["zoo"]) == {0, 1}
+    assert list(taus.columns) == st.TAU_COLUMNS and list(members.columns) == st.MEMBER_COLUMNS
     assert sorted(members.groupby("zoo")["seed"].min()) == [7, 107]
     # zoo 1 fine-tuned zoo 0's pre-trained model (shared, as McCoy et al.'s runs)
     assert lz.load_zoo(tmp_path / "zoo_1")["pretrain"]["base"] == str(tmp_path / "zoo_0" / "pretrained")
@@ -69,7 +71,12 @@ def test_run_stability(tmp_path):
 
 
 def test_bad_params():
-    with pytest.raises(ValueError, match="n_zoos"):
-        st.run_stability({**PARAMS, "n_zoos": 1}, "unused", progress=False)
-    with pytest.raises(KeyError, match="rho"):
+    from companion.params import ParamsError
+
+    for n in (1, 0):   # one zoo shows no spread; 0 (skip) is the command line's, not a run
+        with pytest.raises(ValueError, match="n_zoos"):
+            st.run_stability({**PARAMS, "n_zoos": n}, "unused", progress=False)
+    with pytest.raises(ParamsError, match="missing.*rho"):
         st.run_stability({k: v for k, v in PARAMS.items() if k != "rho"}, "unused", progress=False)
+    with pytest.raises(ParamsError, match="n_zoo"):
+        st.run_stability({**PARAMS, "n_zoo": 3}, "unused", progress=False)

@@ -210,3 +210,31 @@ def test_cli_reads_params_and_overrides_and_writes_timings_apart(tmp_path):
     assert "total" in json.loads((tmp_path / "timings.json").read_text())
     with pytest.raises(FileNotFoundError, match="train the zoo"):
         vz.load_zoo(tmp_path / "missing")
+
+
+def test_source_of_a_generated_zoo_reads_what_the_stages_read(tiny, tmp_path):
+    """The ZooSource of a generated zoo (the cpu path of the vision stage): the saved members, set 1 and
+    set 2 as the pool's first and second slices, the recorded members and per-example test errors."""
+    from companion.experiments.zoo import ZooSource
+
+    meta = vz.train_zoo(tmp_path, tiny, progress=False)
+    src = vz.source(tmp_path)
+    assert isinstance(src, vz.GlyphZoo) and isinstance(src, ZooSource) and src.kind == "vision"
+    assert src.description() == "glyph ViT zoo (2 open_clip ViTs)"
+    data = vz.zoo_data(meta)
+    first, second = src.sharpness_batches(20, 10, 0), src.retest_batches(20, 10, 0)
+    for k, (x, y) in enumerate(first + second):
+        assert torch.equal(x, data.x_pool[10 * k:10 * k + 10]) and torch.equal(y, data.y_pool[10 * k:10 * k + 10])
+    with pytest.raises(ValueError, match="data_seed"):
+        src.sharpness_batches(20, 10, 1)
+    names = [m["name"] for m in meta["members"]]
+    loaded = src.loaders()
+    assert [n for n, _ in loaded] == names and [n for n, _ in src.loaders(names[::-1])] == names[::-1]
+    for (name, load), m in zip(loaded, meta["members"]):
+        ref = torch.load(tmp_path / m["file"], weights_only=True)
+        model = load()
+        assert not model.training and all(torch.equal(t, ref[k]) for k, t in model.state_dict().items())
+    assert [n for n, _ in vz.load_zoo(tmp_path)[1]] == names
+    assert list(src.member_table().index) == names and src.member_table()["gap"].tolist() == [m["gap"] for m in meta["members"]]
+    stored = np.load(tmp_path / "test_errors.npy")
+    assert np.array_equal(src.eval_errors(names), stored) and np.array_equal(src.eval_errors(names[::-1]), stored[::-1])
