@@ -1,7 +1,8 @@
 """Write the issue-17 section of ``reports/benchmarks.md`` from the benchmark results.
 
-Reads (``benchmarks/results/``): ``memory_cpu_before*.json`` / ``memory_cpu_after*.json``
-(:mod:`benchmarks.bench_memory`, before and after the change), ``cpu_issue17.json``
+Reads (``benchmarks/results/``): ``memory_cpu_before*.json`` / ``memory_cpu_round1*.json`` /
+``memory_cpu_after*.json`` (:mod:`benchmarks.bench_memory`: before issue 17, after its first
+round, now), ``cpu_issue17.json``
 (:mod:`benchmarks.bench_sharpness`: ×floor) and ``zoo_cpu.json`` (:mod:`benchmarks.bench_zoo`),
 and replaces the text between the section's markers.  Every number in the section comes from
 those files::
@@ -40,25 +41,35 @@ def _machine(m: dict) -> str:
     return f"{m.get('gpu', m.get('cpu'))}, {m.get('cores')} cores, torch {m.get('torch')}, {m.get('date')}{extra}"
 
 
-def memory_section(before: dict, after: dict) -> list[str]:
+def memory_section(before: dict, after: dict, round1: dict | None = None) -> list[str]:
     old = {(r["model"], r["measure"]): r for r in before["results"]}
+    first = {(r["model"], r["measure"]): r for r in (round1 or {"results": []})["results"]}
     lines = ["### Memory of one call, in parameter copies (issue 17)", "",
              "`python -m benchmarks.bench_memory`: each measure in a fresh process; the model (random weights, "
              "float32) and one batch of 4 × 32 tokens are built, then (peak RSS − RSS then) / bytes of the "
              "parameters, 5 Auto-PGD iterations (the first step-size checkpoint falls inside them). *Live*: the "
              "same with glibc told to return freed memory at once (`MALLOC_MMAP_THRESHOLD_`), i.e. without heap "
-             "fragmentation. *Before*: the code before this change (commit 8dc4a67). Machine: "
-             f"{_machine(after['machine'])}; shared with other jobs.", "",
-             "| model | measure | before | after | after, live | after, `low_memory` | after, `low_memory`, live |",
-             "|---|---|---|---|---|---|---|"]
+             "fragmentation. *Before*: the code before issue 17 (commit 8dc4a67); *round 1*: after its first "
+             "round (in-place Auto-PGD, commit 4bb6b0e); *after*: now (the heap memory freed by each pass given "
+             "back with glibc's `malloc_trim`, the pairs' old gradient let go before the norm's temporaries). "
+             f"Machine: {_machine(after['machine'])}; shared with other jobs.", "",
+             "| model | measure | before | round 1 | round 1, `low_memory` | after | after, live | "
+             "after, `low_memory` | after, `low_memory`, live |",
+             "|---|---|---|---|---|---|---|---|---|"]
     rows = {(r["model"], r["measure"]): r for r in after["results"]}
-    for (model, measure), r in rows.items():
+    # models measured in round 1 but not again: their row, "–" after
+    keys = list(rows) + [k for k in first if k not in rows]
+    for model, measure in keys:
         if measure.endswith("(low_memory)"):
             continue
+        r = rows[(model, measure)] if (model, measure) in rows else \
+            {"n_params": first[(model, measure)]["n_params"], "copies": None}
         low = rows.get((model, measure + " (low_memory)"))
         b = old.get((model, measure))
+        f1, f1low = first.get((model, measure)), first.get((model, measure + " (low_memory)"))
         fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
         lines.append(f"| {model} ({r['n_params'] / 1e6:.1f} M) | {measure} | {fmt(b and b['copies'])} | "
+                     f"{fmt(f1 and f1['copies'])} | {fmt(f1low and f1low['copies'])} | "
                      f"{fmt(r['copies'])} | {fmt(r.get('live_copies'))} | {fmt(low and low['copies'])} | "
                      f"{fmt(low and low.get('live_copies'))} |")
     ok = [(m, meas, kind) for (m, meas), r in rows.items() if not meas.endswith("(low_memory)") and
@@ -120,7 +131,7 @@ def main() -> int:
     parts = ["## Issue 17: memory, restarts, zoos", ""]
     before, after = _load_all("memory_cpu_before*.json"), _load_all("memory_cpu_after*.json")
     if before and after:
-        parts += memory_section(before, after) + [""]
+        parts += memory_section(before, after, _load_all("memory_cpu_round1*.json")) + [""]
     floor = _load("cpu_issue17.json")
     if floor:
         parts += floor_section(floor) + [""]

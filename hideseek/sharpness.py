@@ -48,6 +48,7 @@ from .measures import Measure
 from .solvers.apgd import SolverResult, SolverStep, apgd, average_case
 from .symmetries.base import SymmetryBlock
 from .symmetries.discover import find_symmetries
+from .utils import release_freed_memory
 
 
 @dataclass
@@ -334,6 +335,10 @@ class _BatchObjective:
             del params
             with record_function("hideseek.backward"):
                 g = torch.autograd.grad(loss * self.loss.grad_scale, xi)
+        if self.loss.device.type == "cpu":
+            # the perturbed weights and the pass's temporaries are freed: give back the heap
+            # memory they leave, so that resident memory tracks what the search holds
+            release_freed_memory()
         return loss.detach(), list(g)
 
     def value(self, xi: list[Tensor]) -> Tensor:
@@ -398,7 +403,10 @@ def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float,
 def _setup_start(setup: _SetUp) -> tuple[Tensor, list[Tensor]]:
     """``(L(θ), ∂L/∂ξ at ξ = 0)`` on batch 0 from the set-up pass, which it lets go of."""
     grads, setup.setup_grads = setup.setup_grads, None
-    return setup.loss0, setup.geometry.pullback(grads)
+    start = setup.loss0, setup.geometry.pullback(grads)
+    if setup.loss.device.type == "cpu":
+        release_freed_memory()     # the set-up's temporaries (second pass, geometry) are freed
+    return start
 
 
 def _progress(data: list, desc: str, progress: bool):

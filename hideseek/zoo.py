@@ -28,6 +28,7 @@ from .sharpness import (SharpnessInputError, SharpnessResult, _assemble, _check_
                         _check_restarts, _check_settings, _check_weights, _is_int, _perturbed, _random_point,
                         _set_up, _setup_start, _to)
 from .solvers.apgd import SolverResult, apgd_search
+from .utils import release_freed_memory
 
 #: members per pass when ``chunk`` is not given
 DEFAULT_CHUNK = 8
@@ -104,6 +105,8 @@ class _Problems:
             del stacked
             flat = [t for xi in leaves for t in xi]
             grads = torch.autograd.grad(losses.sum() * loss.grad_scale, flat)
+        if loss.device.type == "cpu":
+            release_freed_memory()     # as hs.sharpness does after each pass
         out, k = [], 0
         for j, xi in enumerate(leaves):
             out.append((losses[j].detach(), list(grads[k:k + len(xi)])))

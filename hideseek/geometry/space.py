@@ -379,10 +379,14 @@ class ProductGeometry:
     def direction(self, egrad: Tangent, inplace: bool = False) -> Tangent:
         """Unit steepest-ascent direction (ℓ2: ``grad/‖grad‖``; ℓ∞: ``sign(g) ⊙ |θ|``).
         ``inplace``: ``egrad`` may be overwritten (the free parameters' part holds the
-        result), so that no copy of the parameters is made."""
+        result; a list ``egrad`` is made to hold the result too, so that the pairs' old
+        gradient is freed before the norm's temporaries are made), so that no copy of the
+        parameters is made."""
         if self.p == "linf":
             return self.adaptive.linf_direction(self._split(egrad)[1], inplace=inplace)
         r = self.rgrad(egrad, inplace=inplace)
+        if inplace and isinstance(egrad, list):
+            egrad[:] = r
         n = self.sqnorm(r).sqrt()
         n = torch.where(n > 0, n, torch.ones_like(n))
         torch._foreach_div_(r, n)

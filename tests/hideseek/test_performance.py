@@ -7,6 +7,8 @@
 * Mixed precision (``autocast``) keeps the geometry in float32 and moves the values by
   little (tolerances measured on these models, stated below).
 """
+import ctypes
+import os
 import warnings
 
 import pytest
@@ -81,6 +83,37 @@ def test_apgd_syncs_with_the_host_once_per_iteration(kw):
 
     # one per iteration: the schedule compares values
     assert auto_pgd_syncs(run) == [{"hideseek": n_iters, "other": 0}] * 2
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_freed_heap_memory_is_given_back():
+    """Blocks freed inside glibc's heap (below its mmap threshold, not at the top) stay
+    resident until ``release_freed_memory`` (``malloc_trim``) hands them back."""
+    from hideseek.utils import _malloc_trim, release_freed_memory
+    if _malloc_trim() is None:
+        assert release_freed_memory() is False
+        pytest.skip("no glibc malloc_trim here")
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("no /proc here to read the resident memory")
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, n = 64 << 10, 800                        # 50 MiB in 64 KiB blocks: all in the heap
+    blocks = [libc.malloc(size) for _ in range(n)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    keep = libc.malloc(size)                       # above them: the heap's top is not free
+    for b in blocks:
+        libc.free(b)
+    before = _rss()
+    assert release_freed_memory() is True
+    after = _rss()
+    libc.free(keep)
+    assert before - after > 0.8 * size * n
 
 
 def test_the_counter_sees_syncs_and_their_origin():

@@ -74,6 +74,21 @@ def test_projection_rgrad_ball_direction(norm, metric):
     assert float(geom.norm_of(u)) == pytest.approx(1.0, rel=1e-12)
 
 
+@pytest.mark.parametrize("metric", ["invariant", "mixed"])
+def test_direction_in_place_hands_the_result_to_the_callers_list(metric):
+    """``direction(g, inplace=True)``: the same bits as on a copy, and the caller's list
+    ends up holding the result (the pairs' old gradient is let go before the norm)."""
+    geom = _geom("riemannian", metric)
+    g = _rand(geom, 1)
+    ref = geom.direction([t.clone() for t in g])
+    old_pairs = g[:geom.n_pair_tensors]
+    d = geom.direction(g, inplace=True)
+    assert all(a is b for a, b in zip(g, d)) and len(g) == len(d)
+    assert not any(a is b for a, b in zip(g, old_pairs))
+    for a, b in zip(d, ref):
+        assert torch.equal(a, b)
+
+
 def test_linf_is_the_box_of_the_adaptive_part():
     geom = _geom(p="linf", blocks=False)
     x = _rand(geom)
