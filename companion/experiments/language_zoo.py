@@ -149,7 +149,7 @@ class ZooSpec:
             raise ValueError(f"unknown language zoo settings {sorted(unknown)}")
         kw: dict[str, Any] = {}
         for key, typ in parts.items():
-            sub = dict(d.get(key) or {})
+            sub = dict(d[key]) if key in d and d[key] is not None else {}
             names = {f.name for f in fields(typ)}
             bad = set(sub) - names
             if bad:
@@ -168,6 +168,19 @@ class ZooSpec:
         if spec.workers > 1 and spec.device != "cpu":
             raise ValueError("workers > 1 is for cpu training; use workers: 1 on a GPU")
         return spec
+
+    @classmethod
+    def from_params(cls, d: Mapping[str, Any]) -> "ZooSpec":
+        """From a ``language_train`` profile (``python -m companion.params language_train``): like
+        :meth:`from_dict`, but every setting must be stated — none falls back to a default written here."""
+        parts = {"corpus": nc.CorpusSpec, "model": ModelSpec, "pretrain": PretrainSpec, "finetune": FinetuneSpec}
+        missing = [f.name for f in fields(cls) if f.name not in d]
+        missing += [f"{key}.{f.name}" for key, typ in parts.items() if isinstance(d.get(key), Mapping)
+                    for f in fields(typ) if f.name not in d[key]]
+        if missing:
+            raise ValueError(f"language_train settings missing {sorted(missing)}: state them in params.yaml "
+                             "(the stage uses no defaults written in code)")
+        return cls.from_dict(d)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -744,8 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "source" in d:  # profile paper: describe McCoy et al.'s runs, train nothing
             from companion.experiments.paper_zoos import cli_build
 
-            return cli_build("mccoy_bert", args.out, d)
-        spec = ZooSpec.from_dict(d)
+            return cli_build("mccoy_bert", args.out, d, inherited=("workers", "cpu_kernels", "base"))
+        spec = ZooSpec.from_params(d)
         threads = set_threads(spec.threads)
         if spec.cpu_kernels is not None and spec.device == "cpu":
             env = KERNEL_ENV[spec.cpu_kernels]

@@ -261,10 +261,20 @@ def test_load_zoo_errors(tmp_path):
 def test_cli_reads_params_and_overrides(tmp_path):
     import yaml
 
-    params = {"profile": "cpu", "language_train": {"cpu": TINY}}
+    full = lz.ZooSpec.from_dict(TINY).to_dict()      # the stage states every setting
+    params = {"profile": "cpu", "language_train": {"cpu": full}}
     pfile = tmp_path / "params.yaml"
     pfile.write_text(yaml.safe_dump(params))
     out = tmp_path / "zoo"
+    # a setting left out is refused, not filled with a default written in code
+    partial = tmp_path / "partial.yaml"
+    partial.write_text(yaml.safe_dump({"profile": "cpu", "language_train": {"cpu": TINY}}))
+    with pytest.raises(ValueError, match=r"language_train settings missing .*state them in params.yaml"):
+        lz.main(["train", "--out", str(out), "--params", str(partial)])
+    no_dropout = {**full, "finetune": {k: v for k, v in full["finetune"].items() if k != "dropout"}}
+    partial.write_text(yaml.safe_dump({"profile": "cpu", "language_train": {"cpu": no_dropout}}))
+    with pytest.raises(ValueError, match=r"finetune\.dropout"):
+        lz.main(["train", "--out", str(out), "--params", str(partial)])
     rc = lz.main(["train", "--out", str(out), "--params", str(pfile), "--set", "finetune.n_models=1",
                   "--set", "pretrain.steps=2"])
     assert rc == 0
@@ -287,7 +297,8 @@ def test_cli_restarts_with_pinned_kernels(tmp_path):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("AVX2 kernels exist on x86-64 only")
     pfile = tmp_path / "params.yaml"
-    pfile.write_text(yaml.safe_dump({"profile": "cpu", "language_train": {"cpu": {**TINY, "cpu_kernels": "avx2"}}}))
+    full = lz.ZooSpec.from_dict(TINY).to_dict()
+    pfile.write_text(yaml.safe_dump({"profile": "cpu", "language_train": {"cpu": {**full, "cpu_kernels": "avx2"}}}))
     env = {k: v for k, v in os.environ.items() if k not in lz.KERNEL_ENV["avx2"]}
     res = subprocess.run([sys.executable, "-m", "companion.experiments.language_zoo", "train", "--out",
                           str(tmp_path / "z"), "--params", str(pfile), "--set", "finetune.n_models=1"],
