@@ -7,7 +7,8 @@ Log lines (one START and one END per step, UTC clock)::
     07:41:02 END language_train rc=0 seconds=2425
 
 ``python -m benchmarks.repro_times LOG [--commit SHA] [--note TEXT] [--out reports/repro_times.md]
-[--readme README.md]``. A step that failed (rc ≠ 0) or never ended makes the report say the run is
+[--readme README.md] [--stage-output OUT ...]`` (the steps' outputs: each notebook stage's own
+time is read from its closing line). A step that failed (rc ≠ 0) or never ended makes the report say the run is
 incomplete, and no total is claimed. Timings live here, outside every DVC-hashed output.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 README_BEGIN, README_END = "<!-- repro-times:begin (python -m benchmarks.repro_times) -->", "<!-- repro-times:end -->"
 _START = re.compile(r"^(\d\d:\d\d:\d\d) START (\S+)$")
 _END = re.compile(r"^(\d\d:\d\d:\d\d) END (\S+) rc=(-?\d+) seconds=(\d+)$")
+_STAGE = re.compile(r"stage (\S+) \((\w+)\) done in ([\d.]+)s")   # companion.pipeline's closing line
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,19 @@ def parse(text: str) -> list[Step]:
     return [Step(n, started[n], *(ended[n][::-1] if n in ended else (None, None))) for n in order]
 
 
+def stage_times(text: str) -> list[tuple[str, float]]:
+    """``(stage, seconds)`` of every notebook stage a step's output reports (``stage X (profile) done in Ns``)."""
+    return [(m[1], float(m[3])) for m in _STAGE.finditer(text)]
+
+
 def complete(steps: list[Step]) -> bool:
     return all(s.rc == 0 and s.seconds is not None for s in steps)
 
 
-def markdown(steps: list[Step], *, commit: str | None = None, note: str | None = None) -> str:
-    """The report: one row per step, the total only when every step ended with rc 0."""
+def markdown(steps: list[Step], *, commit: str | None = None, note: str | None = None,
+             stages: list[tuple[str, float]] = ()) -> str:
+    """The report: one row per step, the total only when every step ended with rc 0; ``stages``: the
+    notebook stages' own times inside the steps (a second table)."""
     rows = [f"| {s.name} | {s.start} | " + ("did not end" if s.seconds is None else
             f"{s.seconds / 60:.1f}" + ("" if s.rc == 0 else f" (failed, rc {s.rc})")) + " |" for s in steps]
     done = sum(s.seconds or 0 for s in steps)
@@ -68,7 +77,11 @@ def markdown(steps: list[Step], *, commit: str | None = None, note: str | None =
         lines += [f"Commit: `{commit}`.", ""]
     if note:
         lines += [note, ""]
-    return "\n".join(lines + ["| step | started (UTC) | minutes |", "|---|---|---|", *rows]) + "\n"
+    lines += ["| step | started (UTC) | minutes |", "|---|---|---|", *rows]
+    if stages:
+        lines += ["", "Inside the steps, each notebook stage's own time:", "", "| stage | minutes |", "|---|---|",
+                  *(f"| {n} | {t / 60:.1f} |" for n, t in stages)]
+    return "\n".join(lines) + "\n"
 
 
 def update_readme(readme: Path, block: str) -> None:
@@ -86,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note")
     ap.add_argument("--out", default="reports/repro_times.md")
     ap.add_argument("--readme")
+    ap.add_argument("--stage-output", nargs="*", default=[], help="the steps' outputs, for the stages' own times")
     a = ap.parse_args(argv)
     steps = parse(Path(a.log).read_text())
-    md = markdown(steps, commit=a.commit, note=a.note)
+    stages = [t for f in a.stage_output for t in stage_times(Path(f).read_text(errors="replace"))]
+    md = markdown(steps, commit=a.commit, note=a.note, stages=stages)
     Path(a.out).write_text("# Timed fresh-clone `make repro`\n\n" + md)
     if a.readme:
         update_readme(Path(a.readme), md)

@@ -44,3 +44,11 @@ def test_bad_logs_are_refused():
         rt.parse("07:00:00 END x rc=0 seconds=1\n")
     with pytest.raises(ValueError, match="started twice"):
         rt.parse("07:00:00 START x\n07:00:01 START x\n")
+
+
+def test_stage_times_from_the_pipeline_output():
+    out = "Running stage 'toy':\nstage toy (cpu) done in 4.4s\nnoise\nstage vision (cpu) done in 1026.1s\n"
+    stages = rt.stage_times(out)
+    assert stages == [("toy", 4.4), ("vision", 1026.1)]
+    md = rt.markdown(rt.parse(LOG), stages=stages)
+    assert "| vision | 17.1 |" in md and "| toy | 0.1 |" in md
