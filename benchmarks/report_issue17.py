@@ -102,12 +102,17 @@ def floor_section(res: dict) -> list[str]:
     return lines
 
 
-def zoo_section(res: dict) -> list[str]:
+def _state(machine: dict) -> str:
+    """"quiet" when the 1-minute load average at the start was below 1 (nothing else ran), else "busy"."""
+    return "quiet" if machine.get("load_avg_start", [99])[0] < 1.0 else "busy (shared)"
+
+
+def zoo_section(res: dict, busy: dict | None = None) -> list[str]:
     lines = ["### A zoo in one pass; restarts", "",
              "`python -m benchmarks.bench_zoo`: the members (random weights, seeds 0, 1, …) measured by a loop of "
              "`hs.sharpness` and by one `hs.sharpness_zoo` call, interleaved in one process; restarts: "
              "`hs.sharpness(…, restarts=K)` (the starts one after the other) and `hs.sharpness_zoo([model], …, "
-             f"restarts=K)` (the starts in one pass). Machine: {_machine(res['machine'])}; **busy** (shared).", "",
+             f"restarts=K)` (the starts in one pass). Machine: {_machine(res['machine'])}; **{_state(res['machine'])}**.", "",
              "| model | measure | members | loop (s) | zoo (s) | speed-up | max rel. diff | K | 1 start (s) | "
              "K starts, loop (s) | K starts, one pass (s) | largest gain of the best start over the zero start |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -120,10 +125,14 @@ def zoo_section(res: dict) -> list[str]:
     lines += ["", f"Zoo speed-up over the loop: median {statistics.median(sp):.2f}×, range "
               f"{min(sp):.2f}–{max(sp):.2f}× (target of the issue: 3×; the geometry and the Auto-PGD "
               "bookkeeping still run per problem in Python, only the model's passes are batched). "
-              "These timings come from a machine shared with several other jobs whose load changed during "
-              "the run: identical calls took very different times, so the speed-ups are indicative only; "
-              "the max rel. diff column (zoo against the loop, float32, 20 iterations) is what the "
+              "The max rel. diff column (zoo against the loop, float32, 20 iterations) is what the "
               "lockstep batched passes changed in the values."]
+    if busy is not None:
+        bs = [r["speedup"] for r in busy["rows"]]
+        lines += ["", f"The same benchmark on a {_state(busy['machine'])} machine ({busy['machine']['date']}, "
+                  f"`zoo_cpu_busy.json`) gave a median of {statistics.median(bs):.2f}× (range {min(bs):.2f}–"
+                  f"{max(bs):.2f}×): under load the loop of many short calls suffers more than the one pass, so "
+                  "speed-ups measured on a busy machine overstate what a quiet one shows."]
     return lines
 
 
@@ -137,7 +146,7 @@ def main() -> int:
         parts += floor_section(floor) + [""]
     zoo = _load("zoo_cpu.json")
     if zoo:
-        parts += zoo_section(zoo) + [""]
+        parts += zoo_section(zoo, _load("zoo_cpu_busy.json")) + [""]
     parts += ["GPU: not measured (no GPU was lent to this session); `make gpu-check` runs the GPU tests and "
               "writes `benchmarks/results/cuda.md` and `memory_cuda.md` on a machine with CUDA."]
     section = "\n".join([BEGIN] + parts + [END])
