@@ -90,8 +90,10 @@ def floor_section(res: dict) -> list[str]:
         rows.setdefault(t["model"], {})[t["measure"]] = (r["median"], t)
     lines = ["### ×floor per measure after this change", "",
              f"`python -m benchmarks.bench_sharpness` (fresh process per measure, median of the timed runs). "
-             f"Machine: {_machine(res['machine'])} — **busy**: several other jobs ran on the two cores, so the "
-             "ratios are noisier than on a quiet machine.", "",
+             f"Machine: {_machine(res['machine'])} — **{_state(res['machine'])}**"
+             + ("." if _state(res["machine"]) == "quiet" else ": other jobs ran on the two cores, so the ratios are "
+                "noisier than on a quiet machine (a busy machine slows the floor's short passes too).")
+             + " Target of the issue: 1.15× for every measure.", "",
              "| model | batch | iterations | measure | time (s) | ×floor |", "|---|---|---|---|---|---|"]
     for model, ms in rows.items():
         fl = ms.get("floor", (None,))[0]
