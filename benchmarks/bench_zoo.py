@@ -32,6 +32,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
+from . import machine_state  # noqa: E402
 from .bench_sharpness import machine_info  # noqa: E402
 from .models import MODELS, build, make_batches  # noqa: E402
 
@@ -119,8 +120,8 @@ def main(argv=None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     info["load_avg_end"] = os.getloadavg()
     text = (f"{info.get('gpu', info['cpu'])}, {info['threads']} threads, torch {info['torch']}; load average "
-            f"{info['load_avg_start'][0]:.1f} at start, {info['load_avg_end'][0]:.1f} at end (a shared machine: "
-            f"other jobs ran beside this one). Medians of {args.repeats} interleaved run(s), batch "
+            f"{info['load_avg_start'][0]:.1f} at start, {info['load_avg_end'][0]:.1f} at end "
+            f"({machine_state(info)}). Medians of {args.repeats} interleaved run(s), batch "
             f"{args.batch_size}, {args.n_iters} iterations, one batch, ρ = 0.1.\n\n" + table(rows))
     print("\n" + text)
     if args.json:

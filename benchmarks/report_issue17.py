@@ -15,6 +15,8 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks import machine_state
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 REPORT = ROOT / "reports" / "benchmarks.md"
@@ -90,8 +92,8 @@ def floor_section(res: dict) -> list[str]:
         rows.setdefault(t["model"], {})[t["measure"]] = (r["median"], t)
     lines = ["### ×floor per measure after this change", "",
              f"`python -m benchmarks.bench_sharpness` (fresh process per measure, median of the timed runs). "
-             f"Machine: {_machine(res['machine'])} — **{_state(res['machine'])}**"
-             + ("." if _state(res["machine"]) == "quiet" else ": other jobs ran on the two cores, so the ratios are "
+             f"Machine: {_machine(res['machine'])} — **{machine_state(res['machine'])}**"
+             + ("." if machine_state(res["machine"]) == "quiet" else ": other jobs ran on the two cores, so the ratios are "
                 "noisier than on a quiet machine (a busy machine slows the floor's short passes too).")
              + " Target of the issue: 1.15× for every measure.", "",
              "| model | batch | iterations | measure | time (s) | ×floor |", "|---|---|---|---|---|---|"]
@@ -104,17 +106,12 @@ def floor_section(res: dict) -> list[str]:
     return lines
 
 
-def _state(machine: dict) -> str:
-    """"quiet" when the 1-minute load average at the start was below 1 (nothing else ran), else "busy"."""
-    return "quiet" if machine.get("load_avg_start", [99])[0] < 1.0 else "busy (shared)"
-
-
 def zoo_section(res: dict, busy: dict | None = None) -> list[str]:
     lines = ["### A zoo in one pass; restarts", "",
              "`python -m benchmarks.bench_zoo`: the members (random weights, seeds 0, 1, …) measured by a loop of "
              "`hs.sharpness` and by one `hs.sharpness_zoo` call, interleaved in one process; restarts: "
              "`hs.sharpness(…, restarts=K)` (the starts one after the other) and `hs.sharpness_zoo([model], …, "
-             f"restarts=K)` (the starts in one pass). Machine: {_machine(res['machine'])}; **{_state(res['machine'])}**.", "",
+             f"restarts=K)` (the starts in one pass). Machine: {_machine(res['machine'])}; **{machine_state(res['machine'])}**.", "",
              "| model | measure | members | loop (s) | zoo (s) | speed-up | max rel. diff | K | 1 start (s) | "
              "K starts, loop (s) | K starts, one pass (s) | largest gain of the best start over the zero start |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -131,7 +128,7 @@ def zoo_section(res: dict, busy: dict | None = None) -> list[str]:
               "lockstep batched passes changed in the values."]
     if busy is not None:
         bs = [r["speedup"] for r in busy["rows"]]
-        lines += ["", f"The same benchmark on a {_state(busy['machine'])} machine ({busy['machine']['date']}, "
+        lines += ["", f"The same benchmark on a {machine_state(busy['machine'])} machine ({busy['machine']['date']}, "
                   f"`zoo_cpu_busy.json`) gave a median of {statistics.median(bs):.2f}× (range {min(bs):.2f}–"
                   f"{max(bs):.2f}×): under load the loop of many short calls suffers more than the one pass, so "
                   "speed-ups measured on a busy machine overstate what a quiet one shows."]
