@@ -33,6 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from companion import analysis
 from companion.experiments import language_pilot as lp
 from companion.experiments import language_zoo as lz
 from companion.experiments.correlation import kendall_tau
@@ -135,12 +136,6 @@ def measure_primary(s: LanguageSettings, names: list[str], *, progress: bool = T
     return _measure(s, names, measures, {k: [s.rho[k]] for k in measures}, s.n_points, s.n_iters, progress)
 
 
-def ceiling(retest_tau: float, rel_y: float) -> float:
-    """The largest |τ| a measure of test–retest ``retest_tau`` can show against a gap of reliability ``rel_y``."""
-    r = math.sin(math.pi * max(retest_tau, 0.0) / 2) * max(rel_y, 0.0)
-    return float(2 / math.pi * math.asin(math.sqrt(min(r, 1.0))))
-
-
 def full_length_reliability(half_retest_tau: float, k: int = 2) -> float:
     """Reliability, on the Kendall-τ scale of a retest, of the mean of ``k`` parallel halves whose
     test–retest τ is ``half_retest_tau`` (Spearman–Brown: r = sin(πτ/2), R = k·r / (1 + (k − 1)·r),
@@ -172,7 +167,7 @@ def primary_table(s: LanguageSettings, frame: pd.DataFrame, members: pd.DataFram
             measure=name, label=STANDARD[name].label, rho=s.rho[name], tau=t.tau, ci_low=t.ci_low,
             ci_high=t.ci_high, pvalue=t.pvalue, n=t.n, paper=lz.PAPER_TAU[name], retest=rt.tau,
             retest_ci_low=rt.ci_low, retest_ci_high=rt.ci_high, reliability=rel, gap_reliability=gap_rel,
-            ceiling=ceiling(rel, gap_rel) if known else math.nan,
+            ceiling=analysis.ceiling(rel, gap_rel) if known else math.nan,
             power=lp.power(t.n, lz.PAPER_TAU[name], rel, max(gap_rel, 0.0), alpha=s.power_alpha,
                            n_sim=s.power_n_sim, seed=s.seed) if known else math.nan))
     return pd.DataFrame(rows)
