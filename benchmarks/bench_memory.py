@@ -69,7 +69,7 @@ class MemoryResult:
 
 
 def run_one(model_name: str, measure: str, batch_size: int, seq_len: int, n_iters: int,
-            device: str = "cpu", restarts: int = 1, low_memory: bool = False) -> MemoryResult:
+            device: str = "cpu", restarts: int = 1, low_memory: bool | None = False) -> MemoryResult:
     """Build, reset the peak, measure one call (in this process)."""
     import hideseek as hs
 
@@ -90,13 +90,16 @@ def run_one(model_name: str, measure: str, batch_size: int, seq_len: int, n_iter
         kw = dict(MEASURES[measure])
         if restarts != 1:
             kw["restarts"] = restarts
-        if low_memory:
-            kw["low_memory"] = True
+        kw["low_memory"] = low_memory
         hs.sharpness(model, batches, rho=0.1, n_iters=n_iters, progress=False, **kw)
     peak = probe.peak()
     shape = f"{batch_size}×{seq_len}" if spec.kind == "text" else f"{batch_size}"
-    return MemoryResult(model_name, measure + (" (low_memory)" if low_memory else ""), shape, n_iters,
+    return MemoryResult(model_name, measure + SUFFIX[low_memory], shape, n_iters,
                         restarts, n_params, param_bytes, peak, probe.method)
+
+
+#: the measure's label by ``low_memory``: kept gradient, ``low_memory=True``, the default (``None``)
+SUFFIX = {False: "", True: " (low_memory)", None: " (default)"}
 
 
 #: glibc returns every allocation of at least this many bytes to the system when it is
@@ -143,8 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-iters", type=int, default=5,
                     help="Auto-PGD iterations (the first step-size checkpoint falls inside 5)")
     ap.add_argument("--restarts", type=int, default=1)
-    ap.add_argument("--low-memory", choices=("no", "yes", "both"), default="both",
-                    help="hideseek.sharpness(low_memory=…): default, with, or both")
+    ap.add_argument("--low-memory", choices=("no", "yes", "both", "default"), default="both",
+                    help="hideseek.sharpness(low_memory=…): False, True, both, or the default None "
+                         "(True from hideseek.sharpness.LOW_MEMORY_FROM perturbed elements)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-live", action="store_true",
                     help="skip the second run per measure with a fixed mmap threshold (live memory)")
@@ -154,7 +158,7 @@ def main(argv=None) -> int:
     results = []
     for m in args.models.split(","):
         for meas in args.measures.split(","):
-            lows = {"no": [False], "yes": [True], "both": [False, True]}[args.low_memory]
+            lows = {"no": [False], "yes": [True], "both": [False, True], "default": [None]}[args.low_memory]
             for low in (lows if meas != "floor" else [False]):
                 run = (m, meas, args.batch_size, args.seq_len, args.n_iters, args.device)
                 kw = dict(restarts=args.restarts, low_memory=low)

@@ -11,6 +11,13 @@ medians of ``--repeats``):
   other) against ``hs.sharpness_zoo([model], …, restarts=K)`` (the starts in one pass) and
   against ``restarts=1``.
 
+* ``passes``: the model's forward + backward passes alone, for all members: one after the other
+  (``separate``) and as one ``torch.func.vmap`` over the stacked members (``vmap``, what the zoo
+  does per iteration).  The zoo needs at least one set-up pass per member and ``n_iters``
+  vmapped passes, so ``ceiling = loop / (members × separate pass + n_iters × vmap pass)``
+  bounds its speed-up over the loop whatever the geometry and the solver cost: where the
+  vmapped pass is no cheaper than the separate ones, no zoo pass can be much faster.
+
 The largest relative difference between the zoo's values and the loop's is reported too::
 
     python -m benchmarks.bench_zoo --threads 2 --markdown benchmarks/results/zoo_cpu.md
@@ -46,13 +53,52 @@ def _time(fn) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def bench(model: str, measure: str, members: int, batch_size: int, n_iters: int, repeats: int,
+def pass_times(zoo: list, batch, repeats: int = 3) -> tuple[float, float]:
+    """Seconds of one forward + backward pass of every member: one after the other, and as
+    one ``vmap`` over the stacked members (medians of ``repeats``)."""
+    import torch.nn.functional as F
+    from torch.func import functional_call, vmap
+
+    x, y = batch
+    base = zoo[0]
+
+    def loss(p, x, y):
+        out = functional_call(base, p, (), x) if isinstance(x, dict) else functional_call(base, p, (x,))
+        return F.cross_entropy(out if torch.is_tensor(out) else out.logits, y)
+
+    params = [{n: t.detach().clone().requires_grad_(True) for n, t in m.named_parameters()} for m in zoo]
+    stacked = {n: torch.stack([p[n] for p in params]).detach().requires_grad_(True) for n in params[0]}
+
+    def separate():
+        for p in params:
+            torch.autograd.grad(loss(p, x, y), list(p.values()))
+
+    def batched():
+        losses = vmap(loss, in_dims=(0, None, None))(stacked, x, y)
+        torch.autograd.grad(losses.sum(), list(stacked.values()))
+
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)      # as the zoo's pass
+    try:
+        sep, vm = [], []
+        separate(), batched()                           # warm-up
+        for _ in range(repeats):
+            sep.append(_time(separate)[0])
+            vm.append(_time(batched)[0])
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+    return statistics.median(sep), statistics.median(vm)
+
+
+def bench(model: str, measure: str, members: int, batch_size: int | None, n_iters: int, repeats: int,
           restarts: int, rho: float = 0.1, device: str = "cpu") -> dict:
     import hideseek as hs
 
     spec = MODELS[model]
+    sizes = spec.defaults["cuda" if device.startswith("cuda") else "cpu"]
+    batch_size = batch_size or sizes["batch_size"]
     zoo = [build(model, seed=s).to(device) for s in range(members)]
-    batches = make_batches(spec, batch_size, 1, seq_len=40)
+    batches = make_batches(spec, batch_size, 1, seq_len=sizes.get("seq_len", 40))
     kw = dict(MEASURES[measure], rho=rho, n_iters=n_iters)
     loop_t, zoo_t, one_t, seq_t, bat_t = [], [], [], [], []
     diff = 0.0
@@ -73,8 +119,11 @@ def bench(model: str, measure: str, members: int, batch_size: int, n_iters: int,
                 bat_t.append(t)
                 gain = [max(v) - v[0] for v in seq.restart_values]
     med = statistics.median
+    sep, vm = pass_times(zoo, batches[0], repeats=max(3, repeats))
     out = dict(model=model, measure=measure, members=members, batch=batch_size, n_iters=n_iters,
-               loop_s=med(loop_t), zoo_s=med(zoo_t), speedup=med(loop_t) / med(zoo_t), max_rel_diff=diff)
+               loop_s=med(loop_t), zoo_s=med(zoo_t), speedup=med(loop_t) / med(zoo_t), max_rel_diff=diff,
+               pass_separate_s=sep, pass_vmap_s=vm,
+               ceiling=med(loop_t) / (sep + n_iters * vm))
     if restarts > 1:
         out.update(restarts=restarts, single_s=med(one_t), restarts_loop_s=med(seq_t),
                    restarts_zoo_s=med(bat_t), restart_gain=gain,
@@ -83,23 +132,26 @@ def bench(model: str, measure: str, members: int, batch_size: int, n_iters: int,
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | measure | members | loop (s) | zoo (s) | speed-up | max rel. diff | "
+    lines = ["| model | measure | batch | members | loop (s) | zoo (s) | speed-up | passes: separate (ms) | "
+             "passes: vmap (ms) | ceiling | max rel. diff | "
              "restarts K | 1 start (s) | K starts, loop (s) | K starts, one pass (s) | best − zero start |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rest = (f"{r['restarts']} | {r['single_s']:.2f} | {r['restarts_loop_s']:.2f} | {r['restarts_zoo_s']:.2f} | "
                 f"{max(r['restart_gain']):.3g}" if "restarts" in r else "– | – | – | – | –")
-        lines.append(f"| {r['model']} | {r['measure']} | {r['members']} | {r['loop_s']:.2f} | {r['zoo_s']:.2f} | "
-                     f"{r['speedup']:.2f}× | {r['max_rel_diff']:.1e} | {rest} |")
+        passes = (f"{1e3 * r['pass_separate_s']:.0f} | {1e3 * r['pass_vmap_s']:.0f} | {r['ceiling']:.2f}×"
+                  if "ceiling" in r else "– | – | –")
+        lines.append(f"| {r['model']} | {r['measure']} | {r.get('batch', '–')} | {r['members']} | {r['loop_s']:.2f} | "
+                     f"{r['zoo_s']:.2f} | {r['speedup']:.2f}× | {passes} | {r['max_rel_diff']:.1e} | {rest} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_zoo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="small-bert,small-vit")
+    ap.add_argument("--models", default="glyph-vit,nli-bert")
     ap.add_argument("--measures", default="adaptive,geodesic_mixed")
     ap.add_argument("--members", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=None, help="default: the model's cpu/cuda batch")
     ap.add_argument("--n-iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--restarts", type=int, default=4)
@@ -121,8 +173,8 @@ def main(argv=None) -> int:
     info["load_avg_end"] = os.getloadavg()
     text = (f"{info.get('gpu', info['cpu'])}, {info['threads']} threads, torch {info['torch']}; load average "
             f"{info['load_avg_start'][0]:.1f} at start, {info['load_avg_end'][0]:.1f} at end "
-            f"({machine_state(info)}). Medians of {args.repeats} interleaved run(s), batch "
-            f"{args.batch_size}, {args.n_iters} iterations, one batch, ρ = 0.1.\n\n" + table(rows))
+            f"({machine_state(info)}). Medians of {args.repeats} interleaved run(s), {args.n_iters} iterations, "
+            f"one batch, ρ = 0.1; passes: medians of 3 or more.\n\n" + table(rows))
     print("\n" + text)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(machine=info, rows=rows), indent=1, default=str))

@@ -18,12 +18,19 @@ name           architecture
 ``small-vit``  the ``cpu`` vision zoo's ViT: open_clip ``VisionTransformer`` on 1×8×8
                images, patch 2, width 32, 2 layers, 4 heads, then normalised features, a
                fixed logit scale and a 10-class head (``vision_zoo.DigitsViT`` defaults)
+``glyph-vit``  the ``cpu`` vision zoo's model as it is now: ``vision_zoo.GlyphViT`` built from
+               ``params.yaml`` (``vision_train``, cpu profile: 1×16×16 glyphs, patch 8, 2×32,
+               4 heads), sharpness batches of 256 images
+``nli-bert``   the ``cpu`` language zoo's model as it is now: ``language_zoo.bert_config`` from
+               ``params.yaml`` (``language_train``, cpu profile: 4×64, 4 heads, intermediate
+               128, vocabulary 51, 40 tokens), sharpness batches of 128 pairs
 ``tiny-bert``  2 layers, width 16, 4 heads: for the smoke test only
 ``tiny-vit``   open_clip ViT, width 16, 1 layer, 2 heads on 8×8: for the smoke test only
 =============  ============================================================================
 
-The small models are built here (not imported from the zoo modules) so that the benchmark
-does not depend on a trained zoo; they mirror those modules' default architectures.
+``small-bert`` and ``small-vit`` are built here and mirror the zoos' earlier architectures (the
+benchmark history is measured on them); ``glyph-vit`` and ``nli-bert`` come from the companion's
+own builders and settings (no trained zoo is needed), so they follow the zoos.
 """
 from __future__ import annotations
 
@@ -122,6 +129,26 @@ def tiny_vit() -> nn.Module:
     return ClipClassifier(_small_visual(16, 1, 2, 8), 3)
 
 
+def glyph_vit() -> nn.Module:
+    from companion.experiments import vision_zoo
+
+    return vision_zoo.build_model(vision_zoo.load_settings("cpu"))
+
+
+#: words of the cpu language corpus's vocabulary (data/zoos/language/corpus/vocab.txt)
+NLI_VOCAB = 51
+
+
+def nli_bert() -> nn.Module:
+    from transformers import BertForSequenceClassification
+
+    from companion import params
+    from companion.experiments import language_zoo
+
+    spec = language_zoo.ZooSpec.from_params(params.stage_params("language_train", "cpu")[1])
+    return BertForSequenceClassification(language_zoo.bert_config(spec, NLI_VOCAB, num_labels=3))
+
+
 # ----------------------------------------------------------------------------- registry
 # The paper's GPU protocol: BERT sharpness on 1024 MNLI pairs in batches of 128 (max
 # length 128), CLIP on 2048 images in batches of 256, 20 Auto-PGD iterations.
@@ -151,6 +178,16 @@ MODELS: dict[str, ModelSpec] = {
         defaults={"cpu": dict(batch_size=64, n_iters=20, repeats=3),
                   "cuda": dict(batch_size=256, n_iters=20, repeats=5)},
         description="cpu vision-zoo ViT (open_clip blocks, 1×8×8, patch 2, 2×32, 4 heads of 8)"),
+    "glyph-vit": ModelSpec(
+        "glyph-vit", "image", glyph_vit, 16, channels=1, n_classes=10,
+        defaults={"cpu": dict(batch_size=256, n_iters=20, repeats=3),
+                  "cuda": dict(batch_size=256, n_iters=20, repeats=5)},
+        description="the cpu vision zoo's GlyphViT (open_clip blocks, 1×16×16, patch 8, 2×32, 4 heads of 8)"),
+    "nli-bert": ModelSpec(
+        "nli-bert", "text", nli_bert, NLI_VOCAB, n_classes=3,
+        defaults={"cpu": dict(batch_size=128, seq_len=40, n_iters=20, repeats=3),
+                  "cuda": dict(batch_size=128, seq_len=40, n_iters=20, repeats=5)},
+        description="the cpu language zoo's BERT (4×64, 4 heads of 16, intermediate 128, vocabulary 51)"),
     "tiny-bert": ModelSpec(
         "tiny-bert", "text", tiny_bert, 40, n_classes=3,
         defaults={"cpu": dict(batch_size=4, seq_len=6, n_iters=2, repeats=1),

@@ -129,6 +129,14 @@ def _autocast_dtype(autocast) -> torch.dtype | None:
 # ---------------------------------------------------------------------------- set-up
 _Loss = Loss   # the model's loss at given parameters (hideseek.inputs)
 
+#: perturbed parameters (elements) from which ``low_memory=None`` means ``True``: 2**24, 64 MiB
+#: in float32 — from there on memory, not the per-pass overhead, limits who can measure
+LOW_MEMORY_FROM = 1 << 24
+#: perturbed parameters (elements) from which a CPU search hands the heap memory a pass freed
+#: back to the system after each pass (:func:`hideseek.utils.release_freed_memory`); below it
+#: the heap holds a few MiB at most and the call would cost more than it returns
+TRIM_FROM = 1 << 22
+
 
 @dataclass
 class _SetUp:
@@ -140,6 +148,17 @@ class _SetUp:
     loss0: Tensor                        # loss at θ on the first batch
     setup_grads: dict[str, Tensor]       # its gradient (Auto-PGD's start on batch 0)
     perturbed: list[str] = field(default_factory=list)   # names of the perturbed parameters
+    n_perturbed: int = 0                 # their number of elements
+
+    @property
+    def trim(self) -> bool:
+        """Whether each pass hands freed heap memory back (CPU, models from :data:`TRIM_FROM`)."""
+        return self.loss.device.type == "cpu" and self.n_perturbed >= TRIM_FROM
+
+    def low_memory(self, low_memory: bool | None) -> bool:
+        """``low_memory`` as given, or for ``None`` whether the model has :data:`LOW_MEMORY_FROM`
+        perturbed elements or more."""
+        return self.n_perturbed >= LOW_MEMORY_FROM if low_memory is None else low_memory
 
 
 def _is_int(v) -> bool:
@@ -312,15 +331,16 @@ def _set_up(model: nn.Module, data: list, measure: Measure, *, loss_fn: Callable
     blocks = _symmetry_blocks(model, measure, all_params, used, pairs, on_unsupported, exclude)
     params = {n: all_params[n] for n in all_params if n in used}
     geom = measure.geometry_at(params, blocks)
-    return _SetUp(loss, geom, blocks, loss0, setup_grads, list(params))
+    return _SetUp(loss, geom, blocks, loss0, setup_grads, list(params),
+                  sum(t.numel() for t in params.values()))
 
 
 # ---------------------------------------------------------------------------- per batch
 class _BatchObjective:
     """The loss on one batch as a function of the perturbation ξ (a tangent list)."""
 
-    def __init__(self, loss: _Loss, geometry: ProductGeometry, x, y) -> None:
-        self.loss, self.geometry, self.x, self.y = loss, geometry, x, y
+    def __init__(self, loss: _Loss, geometry: ProductGeometry, x, y, trim: bool = False) -> None:
+        self.loss, self.geometry, self.x, self.y, self.trim = loss, geometry, x, y, trim
 
     def objective(self, xi: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
         """``(L(γ_ξ(1)), ∂L/∂ξ)`` — what Auto-PGD calls."""
@@ -335,7 +355,7 @@ class _BatchObjective:
             del params
             with record_function("hideseek.backward"):
                 g = torch.autograd.grad(loss * self.loss.grad_scale, xi)
-        if self.loss.device.type == "cpu":
+        if self.trim:
             # the perturbed weights and the pass's temporaries are freed: give back the heap
             # memory they leave, so that resident memory tracks what the search holds
             release_freed_memory()
@@ -351,6 +371,12 @@ def _tag_batch(callback: Callable[[SolverStep], Any], batch: int, step: SolverSt
     callback(replace(step, batch=batch))
 
 
+def _check_low_memory(low_memory) -> None:
+    if low_memory is not None and not isinstance(low_memory, bool):
+        raise ValueError(f"low_memory must be True, False or None (automatic: True from {LOW_MEMORY_FROM} "
+                         f"perturbed elements), got {low_memory!r}")
+
+
 def _check_restarts(restarts) -> None:
     if not _is_int(restarts) or restarts < 1:
         raise ValueError(f"restarts must be an integer >= 1 (Auto-PGD starts per batch), got {restarts!r}")
@@ -364,7 +390,7 @@ def _random_point(geom: ProductGeometry, rho: float, gen: torch.Generator) -> li
 
 def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float, n_iters: int,
                    seed: int, n_samples: int | None, random_start: bool,
-                   callback: Callable[[SolverStep], Any] | None, low_memory: bool = False,
+                   callback: Callable[[SolverStep], Any] | None, low_memory: bool | None = None,
                    restarts: int = 1) -> tuple[SolverResult, list[float]]:
     """Sharpness of batch ``i``: Auto-PGD (worst case) or the sphere mean (average case);
     returns the result of the best start and the value of every start.
@@ -376,7 +402,7 @@ def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float,
     device = setup.loss.device
     x, y = _to(x, device), _to(y, device)
     geom = setup.geometry
-    f = _BatchObjective(setup.loss, geom, x, y)
+    f = _BatchObjective(setup.loss, geom, x, y, trim=setup.trim)
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + i)
     cb = None if callback is None else functools.partial(_tag_batch, callback, i)
     if measure.kind == "average":
@@ -390,7 +416,7 @@ def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float,
         first = functools.partial(_setup_start, setup) if i == 0 and j == 0 and start is None else None
         setup.setup_grads = setup.setup_grads if first else None
         res = apgd(f.objective, geom, rho, n_iters, x0=start, f0=f0, callback=cb, start=first,
-                   keep_best_grad=not low_memory)
+                   keep_best_grad=not setup.low_memory(low_memory))
         del start
         f0 = res.f0                       # L(θ): the later starts need not evaluate it again
         values.append(res.value)
@@ -404,7 +430,7 @@ def _setup_start(setup: _SetUp) -> tuple[Tensor, list[Tensor]]:
     """``(L(θ), ∂L/∂ξ at ξ = 0)`` on batch 0 from the set-up pass, which it lets go of."""
     grads, setup.setup_grads = setup.setup_grads, None
     start = setup.loss0, setup.geometry.pullback(grads)
-    if setup.loss.device.type == "cpu":
+    if setup.trim:
         release_freed_memory()     # the set-up's temporaries (second pass, geometry) are freed
     return start
 
@@ -485,7 +511,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
               pairs: Sequence[SymmetryBlock] | None = None, n_samples: int | None = None,
               random_start: bool = False, on_unsupported: str = "raise", exclude: Sequence[str] = (),
               autocast: str | torch.dtype | None = None, progress: bool = True, checks: bool = True,
-              callback: Callable[[SolverStep], Any] | None = None, low_memory: bool = False,
+              callback: Callable[[SolverStep], Any] | None = None, low_memory: bool | None = None,
               restarts: int = 1,
               metric: str | None = None, norm: str | None = None, christoffel: bool | str | None = None,
               eps: float | None = None, p: str | None = None, kind: str | None = None) -> SharpnessResult:
@@ -572,11 +598,15 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         :attr:`SharpnessResult.restart_values`.  The starts run one after the other (cost:
         ``restarts`` searches).  ``restarts=1`` is the single search.
     low_memory:
-        Auto-PGD keeps three perturbation-sized vectors instead of four (current, previous
-        and best point, not the gradient at the best point): a restart from a best point
-        older than the current one takes the gradient there again, one more forward and
-        backward pass, at most one per step-size checkpoint (7 at 20 iterations, see
-        :func:`~hideseek.solvers.apgd.apgd_checkpoints`).  Every value is unchanged.  See ``reports/benchmarks.md`` for the memory of a call.
+        ``True``: Auto-PGD keeps three perturbation-sized vectors instead of four (current,
+        previous and best point, not the gradient at the best point): a restart from a best
+        point older than the current one takes the gradient there again, one more forward
+        and backward pass, at most one per step-size checkpoint (7 at 20 iterations, see
+        :func:`~hideseek.solvers.apgd.apgd_checkpoints`).  ``False``: the gradient is kept.
+        ``None`` (default): ``True`` for models with at least :data:`LOW_MEMORY_FROM`
+        (2**24) perturbed elements, where memory limits, ``False`` below, where the extra
+        passes would cost time for nothing.  Every value is the same either way.  See
+        ``reports/benchmarks.md`` for the memory of a call.
     metric, norm, christoffel, eps, p, kind:
         Keyword form, a convenience: each one given (not ``None``) replaces that field of
         ``measure`` (see :meth:`Measure.from_keywords`): ``metric`` ``"invariant"`` (paper
@@ -589,6 +619,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
                                     christoffel=christoffel, eps=eps)
     _check_settings(measure, rho, n_iters, n_samples, seed)
     _check_restarts(restarts)
+    _check_low_memory(low_memory)
     model = unwrap_model(model)
     check_model(model, eval_mode=checks)
     exclude = _check_exclude(exclude, [n for n, _ in model.named_parameters()])

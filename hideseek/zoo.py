@@ -25,8 +25,8 @@ from torch.func import vmap
 from .measures import Measure
 from .inputs import check_batch_losses, check_model, unwrap_model
 from .sharpness import (SharpnessInputError, SharpnessResult, _assemble, _check_batches, _check_exclude,
-                        _check_restarts, _check_settings, _check_weights, _is_int, _perturbed, _random_point,
-                        _set_up, _setup_start, _to)
+                        _check_low_memory, _check_restarts, _check_settings, _check_weights, _is_int,
+                        _perturbed, _random_point, _set_up, _setup_start, _to)
 from .solvers.apgd import SolverResult, apgd_search
 from .utils import release_freed_memory
 
@@ -105,7 +105,7 @@ class _Problems:
             del stacked
             flat = [t for xi in leaves for t in xi]
             grads = torch.autograd.grad(losses.sum() * loss.grad_scale, flat)
-        if loss.device.type == "cpu":
+        if self.setups[0].trim:
             release_freed_memory()     # as hs.sharpness does after each pass
         out, k = [], 0
         for j, xi in enumerate(leaves):
@@ -118,7 +118,7 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
                   rho: float | Sequence[float] = 0.1, n_iters: int = 20, seed: int = 0, restarts: int = 1,
                   chunk: int | None = None, loss_fn: Callable | None = None, pairs=None,
                   on_unsupported: str = "raise", exclude: Sequence[str] = (), autocast=None,
-                  checks: bool = True, low_memory: bool = False, **measure_keywords: Any) -> list[SharpnessResult] | list[list[SharpnessResult]]:
+                  checks: bool = True, low_memory: bool | None = None, **measure_keywords: Any) -> list[SharpnessResult] | list[list[SharpnessResult]]:
     """Worst-case sharpness of every model of a zoo of one architecture on ``batches``, equal
     to ``[hs.sharpness(m, batches, measure, rho=rho, …) for m in models]``.
 
@@ -140,6 +140,7 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     for r in rhos:
         _check_settings(measure, r, n_iters, None, seed)
     _check_restarts(restarts)
+    _check_low_memory(low_memory)
     chunk = DEFAULT_CHUNK if chunk is None else chunk
     if not _is_int(chunk) or chunk < 1:
         raise ValueError(f"chunk must be an integer >= 1 (members per pass), got {chunk!r}")
@@ -159,7 +160,7 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
 
 
 def _chunk(models: list[nn.Module], data: list, measure: Measure, rhos: list[float], *, n_iters: int,
-           seed: int, restarts: int, low_memory: bool, set_up: dict) -> list[list[SharpnessResult]]:
+           seed: int, restarts: int, low_memory: bool | None, set_up: dict) -> list[list[SharpnessResult]]:
     t0 = time.perf_counter()
     setups = [_set_up(m, data, measure, **set_up) for m in models]
     problems = [(m, r, j) for m in range(len(models)) for r in range(len(rhos)) for j in range(restarts)]
@@ -183,7 +184,7 @@ def _chunk(models: list[nn.Module], data: list, measure: Measure, rhos: list[flo
             # a random start's value is first taken against 0 and corrected below
             searches.append(apgd_search(geom, rhos[r], n_iters, x0=x0, f0=0.0 if j else None,
                                         start=first[m] if j == 0 else None,
-                                        keep_best_grad=not low_memory))
+                                        keep_best_grad=not setups[m].low_memory(low_memory)))
             del x0
         del first
         results = _run_lockstep(searches, batch, x, y)

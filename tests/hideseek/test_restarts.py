@@ -5,6 +5,7 @@ points of the ball; the result keeps the best per batch.  Checked against search
 with the public solver from the same starting points, and against the single search.
 ``low_memory``: the same values and histories as the default, more gradient evaluations.
 """
+import importlib
 import warnings
 
 import pytest
@@ -104,3 +105,49 @@ def test_low_memory_changes_no_value(kw):
     # restarts from an older best point take its gradient again
     extra = [sb.n_evals - sa.n_evals for sa, sb in zip(a.solver, b.solver)]
     assert all(e >= 0 for e in extra) and sum(extra) > 0
+
+
+def test_low_memory_none_chooses_by_model_size(monkeypatch):
+    """``low_memory=None`` is ``True`` from LOW_MEMORY_FROM perturbed elements on (the extra
+    gradient passes appear), ``False`` below (none); the values are the same either way."""
+    sh = importlib.import_module("hideseek.sharpness")
+
+    model = tiny_bert(seed=2)
+    batches = [bert_batch(seed=s) for s in range(2)]
+    n = sum(p.numel() for p in model.parameters())
+    kw = dict(rho=0.1, n_iters=12, progress=False, metric="mixed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        keep = hs.sharpness(model, batches, low_memory=False, **kw)
+        low = hs.sharpness(model, batches, low_memory=True, **kw)
+        monkeypatch.setattr(sh, "LOW_MEMORY_FROM", n + 1)         # the model is below: keep
+        below = hs.sharpness(model, batches, **kw)
+        monkeypatch.setattr(sh, "LOW_MEMORY_FROM", n)             # at the threshold: low memory
+        above = hs.sharpness(model, batches, **kw)
+    assert sum(s.n_evals for s in low.solver) > sum(s.n_evals for s in keep.solver)
+    assert [s.n_evals for s in below.solver] == [s.n_evals for s in keep.solver]
+    assert [s.n_evals for s in above.solver] == [s.n_evals for s in low.solver]
+    assert below.per_batch == above.per_batch == keep.per_batch
+
+
+def test_low_memory_refuses_other_values():
+    for bad in (0, 1, "yes", "auto"):
+        with pytest.raises(ValueError, match="low_memory must be True, False or None"):
+            hs.sharpness(MHAClassifier(), _batches(1), low_memory=bad, progress=False)
+
+
+def test_heap_trimmed_only_from_trim_from(monkeypatch):
+    """Each CPU pass hands freed heap memory back only for models from TRIM_FROM elements."""
+    sh = importlib.import_module("hideseek.sharpness")
+
+    calls = []
+    monkeypatch.setattr(sh, "release_freed_memory", lambda: calls.append(1) or True)
+    model = tiny_bert(seed=2)
+    n = sum(p.numel() for p in model.parameters())
+    kw = dict(rho=0.1, n_iters=3, progress=False, measure="adaptive")
+    monkeypatch.setattr(sh, "TRIM_FROM", n + 1)
+    hs.sharpness(model, [bert_batch(seed=0)], **kw)
+    assert calls == []
+    monkeypatch.setattr(sh, "TRIM_FROM", n)
+    hs.sharpness(model, [bert_batch(seed=0)], **kw)
+    assert len(calls) >= 3      # one per pass of the search, and the set-up's
