@@ -17,11 +17,15 @@ how large a τ the data could show are computed one way.
   reliability is the correlation of two parallel measurements, and the observed correlation is
   the true one times ``√(r_xx · r_yy)`` (Spearman's attenuation).
 * :func:`power` — Monte Carlo power of the two-sided test of τ = 0 at ``n`` members.
+* :func:`spearman_brown` / :func:`spearman_brown_factor` — the retest of a mean of ``k`` parallel
+  measurements (on the Pearson scale ``r = sin(πτ/2)``), and the ``k`` a target retest needs;
+  :func:`retest_by_subsets` — the measured retest against the number of batches averaged.
 * :func:`tau_curve`, :func:`retest_table` — τ against the radius ρ for every measure of a long
   frame (columns ``model, measure, rho, value``), and the test–retest table of two such frames.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from collections.abc import Mapping, Sequence
 
@@ -244,6 +248,60 @@ def ceiling(retest_tau: float, rel_y: float) -> float:
     """The largest |τ| observable between a measure with test–retest τ ``retest_tau`` and a gap of
     reliability ``rel_y``: (2/π)·arcsin √(sin(π·retest_tau/2) · rel_y) (0 when either is ≤ 0)."""
     return attenuated(1.0, retest_tau, rel_y)
+
+
+def spearman_brown(retest_tau: float, k: float) -> float:
+    """Test–retest τ of the mean of ``k`` parallel measurements whose retest is ``retest_tau``
+    (Spearman–Brown on the Pearson scale: r = sin(πτ/2), R = k·r / (1 + (k − 1)·r), back to
+    τ = (2/π)·arcsin R; ``k`` may be fractional, below 1 for fewer). A retest ≤ 0 (no signal) gives
+    0; a non-finite retest or ``k`` ≤ 0 gives NaN."""
+    if not math.isfinite(retest_tau) or not k > 0:
+        return float("nan")
+    r = math.sin(math.pi * retest_tau / 2)
+    if r <= 0:
+        return 0.0
+    return float(2 / math.pi * math.asin(k * r / (1 + (k - 1) * r)))
+
+
+def spearman_brown_factor(retest_tau: float, target_tau: float) -> float:
+    """The ``k`` with ``spearman_brown(retest_tau, k) == target_tau``: how many times more data the
+    measurement needs for its retest to reach ``target_tau`` (inf without signal, ``retest_tau`` ≤ 0)."""
+    target = _check_unit("target_tau", target_tau)
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target_tau must lie strictly between 0 and 1, got {target_tau}")
+    r, big_r = float(np.sin(np.pi * _check_unit("retest_tau", retest_tau) / 2.0)), float(np.sin(np.pi * target / 2.0))
+    if r <= 0:
+        return float("inf")
+    return big_r * (1.0 - r) / (r * (1.0 - big_r))
+
+
+def retest_by_subsets(first: np.ndarray, second: np.ndarray, sizes: Sequence[int], *, n_draws: int,
+                      seed: int) -> pd.DataFrame:
+    """Test–retest τ against the number of batches averaged: ``first`` and ``second`` hold each
+    member's value per batch on two disjoint sets of batches (``[members, batches]``). For each
+    ``k`` of ``sizes``, τ-b between the members' means over ``k`` batches of ``first`` and over ``k``
+    of ``second``: the mean (and standard deviation) over ``n_draws`` random choices of the batches
+    (without replacement within a set; ``default_rng(seed)``), or the one value when ``k`` is both
+    sets' size. Columns ``k, tau, tau_sd, n_draws``."""
+    first, second = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+    if first.ndim != 2 or second.ndim != 2 or first.shape[0] != second.shape[0] or first.shape[0] < 3:
+        raise ValueError(f"first and second must be [members, batches] arrays of the same >= 3 members, "
+                         f"got shapes {first.shape} and {second.shape}")
+    if n_draws < 1:
+        raise ValueError(f"n_draws must be >= 1, got {n_draws}")
+    rng, rows = np.random.default_rng(seed), []
+    for k in sizes:
+        if not 1 <= k <= min(first.shape[1], second.shape[1]):
+            raise ValueError(f"k = {k} batches: each set has {first.shape[1]} and {second.shape[1]}; choose 1..min")
+        whole = k == first.shape[1] == second.shape[1]
+        draws = 1 if whole else n_draws
+        pick = [np.stack([np.arange(v.shape[1]) if whole else rng.choice(v.shape[1], k, replace=False)
+                          for _ in range(draws)]) for v in (first, second)]
+        a = first[:, pick[0]].mean(axis=2).T    # [draws, members]
+        b = second[:, pick[1]].mean(axis=2).T
+        taus = tau_rows(a, b)
+        rows.append(dict(k=int(k), tau=float(np.mean(taus)), tau_sd=float(np.std(taus)), n_draws=draws))
+    return pd.DataFrame(rows)
 
 
 def _null_z(tau: np.ndarray, n: int) -> np.ndarray:

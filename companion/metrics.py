@@ -30,6 +30,11 @@ and :func:`headline` read it):
     few columns for every stage), and, as lists DVC does not print, every
     entry's interval, radius, variant and model count (``table1``).
 
+``reports/timings/<stage>.json`` (wall-clock times; committed to git, declared nowhere in ``dvc.yaml``)
+    a stage's timings (:func:`write_stage_timings`): no DVC output holds a wall-clock time or a
+    ratio of two, because its hash would change on every run and every downstream stage would
+    re-run (``tests/test_dvc_timings.py`` scans the committed outputs with :func:`timing_keys`).
+
 ``python -m companion.metrics headline [--metrics-dir reports/metrics] [--out-dir reports/headline]``
 re-derives the headlines from existing full metrics (no sharpness is
 recomputed); :func:`companion.pipeline.run_stage` does the same after a stage.
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -49,6 +55,9 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 METRICS_DIR = REPO_ROOT / "reports" / "metrics"
 HEADLINE_DIR = REPO_ROOT / "reports" / "headline"
+TIMINGS_DIR = REPO_ROOT / "reports" / "timings"
+#: a key or column that holds a wall-clock time (or a ratio of two): never in a DVC output
+TIMING_KEY = re.compile(r"(seconds|timing|duration|elapsed|wall|per_step|step_vs|_time$|^time$|_s$|_ms$)", re.I)
 #: Columns of one τ row, in the order of the paper's Table 1.
 TAU_KEYS = ("tau", "ci_low", "ci_high", "pvalue", "rho", "tau_select", "tau_all", "ci_low_all", "ci_high_all")
 
@@ -165,6 +174,30 @@ def write_stage_metrics(out_dir: str | os.PathLike, stage: str, metrics: Mapping
     with open(path, "w") as fh:
         json.dump(metrics, fh, indent=2)
     return path
+
+
+def write_stage_timings(out_dir: str | os.PathLike, stage: str, timings: Mapping[str, Any]) -> Path:
+    """Write ``out_dir/timings/<stage>.json``, which the pipeline publishes to ``reports/timings/``
+    (git, not DVC: see the module docstring)."""
+    path = Path(out_dir) / "timings" / f"{stage}.json"
+    write_json(path, timings)
+    return path
+
+
+def timing_keys(obj: Any, path: str = "") -> list[str]:
+    """Every key of the nested mapping ``obj`` (lists entered) that names a wall-clock time
+    (:data:`TIMING_KEY`), as ``a/b/c`` paths: what must not sit in a DVC output."""
+    found = []
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            where = f"{path}/{k}"
+            if TIMING_KEY.search(str(k)):
+                found.append(where)
+            found += timing_keys(v, where)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found += timing_keys(v, f"{path}[{i}]")
+    return found
 
 
 # --------------------------------------------------------------------------- reading (table1, headline)

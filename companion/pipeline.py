@@ -24,7 +24,15 @@ JSON are the results published:
 executed notebook                         ``reports/notebooks/<stage>.ipynb``
 ``out_dir/metrics/<stage>.json``          ``reports/metrics/<stage>.json``
 its headline (Table 1 stages only)        ``reports/headline/<stage>.json``
+``out_dir/timings/<stage>.json``          ``reports/timings/<stage>.json`` (git only)
 ========================================  =====================================
+
+No DVC output holds a wall-clock time (its hash would change on every run): a stage writes its
+timings to ``out_dir/timings/`` (published to ``reports/timings/``, which ``dvc.yaml`` does not
+declare), and :func:`scrub_notebook` removes from the executed notebook what papermill records
+of the clock (start and end times, durations, execution timestamps) and every stderr stream
+(progress bars and warnings: the run's log, echoed to the terminal, not part of the report). The
+kernel runs with ``SOURCE_DATE_EPOCH=0`` (unless set), so matplotlib stamps no date into a PDF.
 
 The headline (:func:`companion.metrics.headline`: τ per measure, intervals,
 ρ, model counts) is the small file DVC declares as ``metrics:``; the full
@@ -129,6 +137,7 @@ def _kernel_env(root: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.setdefault("SOURCE_DATE_EPOCH", "0")   # matplotlib's PDF/SVG creation date: no clock in an output
 
 
 def _stage_params(stage: str, profile: str | None, overrides, params, root: Path) -> tuple[str, dict]:
@@ -169,6 +178,28 @@ def _finish_metrics(stage: str, profile: str, stage_params: dict, metrics_src: P
                             f"nothing published; executed notebook: {nb_out}") from exc
 
 
+def scrub_notebook(path: str | os.PathLike) -> str:
+    """Remove the wall clock from the executed notebook at ``path`` (in place): papermill's
+    ``start_time``, ``end_time`` and ``duration`` (notebook and cells), the cells' ``execution``
+    timestamps and every stderr stream output. Returns the removed stderr text."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    clock = ("start_time", "end_time", "duration")
+    removed = []
+    for meta in [nb.metadata, *(c.metadata for c in nb.cells)]:
+        meta.pop("execution", None)
+        for k in clock:
+            meta.get("papermill", {}).pop(k, None)
+    for cell in nb.cells:
+        stderr = [o for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stderr"]
+        removed += [o.text for o in stderr]
+        if stderr:
+            cell.outputs = [o for o in cell.outputs if not any(o is e for e in stderr)]
+    nbformat.write(nb, path)
+    return "".join(removed)
+
+
 def _publish(stage: str, reports: Path, staging: Path, out_dir: Path, nb_out: Path, head) -> tuple:
     """Old marker out, folders and notebook in, the metrics file (the marker) in last."""
     metrics_src = out_dir / "metrics" / f"{stage}.json"
@@ -189,6 +220,10 @@ def _publish(stage: str, reports: Path, staging: Path, out_dir: Path, nb_out: Pa
     nb_dst = reports / "notebooks" / f"{stage}.ipynb"
     nb_dst.parent.mkdir(parents=True, exist_ok=True)
     os.replace(nb_out, nb_dst)
+    timings = out_dir / "timings" / f"{stage}.json"
+    if timings.is_file():   # git only: the one place a stage's wall clock goes
+        (reports / "timings").mkdir(parents=True, exist_ok=True)
+        os.replace(timings, reports / "timings" / timings.name)
     # the DVC headline (reports/headline/<stage>.json), derived from the full metrics
     head_dst = reports / "headline" / f"{stage}.json"
     if head is not None:
@@ -250,6 +285,7 @@ def run_stage(
             f"partially executed notebook: {nb_out}"
         ) from exc
     seconds = time.perf_counter() - t0
+    sys.stderr.write(scrub_notebook(nb_out))   # the run's log, not the report
 
     head = _finish_metrics(stage, profile, stage_params, out_dir / "metrics" / f"{stage}.json", staging, nb_out)
     nb_dst, metrics_dst, figures, data = _publish(stage, reports, staging, out_dir, nb_out, head)

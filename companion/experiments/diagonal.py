@@ -915,7 +915,6 @@ def summary_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
                        for m in MEASURES},
         "paper_tau": PAPER_TAU,
         "convergence": result["convergence"],
-        "timings": {k: round(v, 2) for k, v in result["timings"].items()},
         "table1": _table1(by_step, single, rho, int(len(conv)), s.n_starts),
     }
     if result.get("alpha_sweep"):
@@ -940,13 +939,14 @@ def run_report(params: Mapping[str, Any] | Settings, out_dir, *, progress: bool 
     ``metrics/diagonal.json`` (:func:`summary_metrics`) and ``data/{networks,sharpness,taus,
     alpha_sweep_networks,alpha_sweep_sharpness}.csv`` and the ``plots:`` files
     (:func:`companion.metrics.write_plot_data`; ``taus.csv``: one row per measure, step, radius
-    and ``starts`` — ``best`` of the starts or the ``single`` start at xi = 0). Returns the result of
-    :func:`run` with ``metrics`` added."""
+    and ``starts`` — ``best`` of the starts or the ``single`` start at xi = 0); the wall-clock times
+    go to ``timings/diagonal.json`` (published to ``reports/timings/``, no DVC output). Returns the
+    result of :func:`run` with ``metrics`` added."""
     from pathlib import Path
 
     import pandas as pd
 
-    from companion.metrics import write_plot_data, write_stage_metrics
+    from companion.metrics import write_plot_data, write_stage_metrics, write_stage_timings
 
     res = run(params, progress=progress)
     res["metrics"] = summary_metrics(res)
@@ -954,6 +954,7 @@ def run_report(params: Mapping[str, Any] | Settings, out_dir, *, progress: bool 
     (out / "data").mkdir(parents=True, exist_ok=True)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     write_stage_metrics(out, "diagonal", res["metrics"])
+    write_stage_timings(out, "diagonal", {k: round(v, 2) for k, v in res["timings"].items()})   # git, not DVC
     res["nets"].to_csv(out / "data" / "networks.csv", index=False)
     res["sharpness"].to_csv(out / "data" / "sharpness.csv", index=False)
     pd.concat([res["taus"].assign(starts="best"), res["taus_single"].assign(starts="single")],

@@ -342,8 +342,8 @@ def budget(protocol: dict, n_models: int, exploratory_runs: int, reference: dict
 
 
 def stability_seconds(stability: dict | None) -> float | None:
-    """Wall time of a ``language_stability`` run from its metrics file; None when it did not run (no file, or
-    a profile that skips it: ``n_zoos: 0``)."""
+    """Wall time of a ``language_stability`` run from its timings file (``reports/timings/language_stability.json``);
+    None when it did not run (no file, or a profile that skips it: ``n_zoos: 0``, said by its metrics file)."""
     if stability is None or "skipped" in stability:
         return None
     return sum(v["train"] + v["measure"] for v in stability["seconds"].values())
@@ -484,9 +484,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in s.n_iters if n != s.radius_iters]
         report["retest"] = retest_table(pd.concat(frames, ignore_index=True), s, fitted).to_dict("records")
         metrics = Path("reports/metrics")
+        stability = json.loads((metrics / "language_stability.json").read_text())
+        timings = Path("reports/timings/language_stability.json")   # its times: git, not the DVC output
+        if "skipped" not in stability:
+            stability = json.loads(timings.read_text()) if timings.is_file() else None
         report["preregistration"] = preregistration(
-            report, json.loads((metrics / "language.json").read_text()),
-            json.loads((metrics / "language_stability.json").read_text()), s)
+            report, json.loads((metrics / "language.json").read_text()), stability, s)
         out.write_text(json.dumps(report, indent=1, default=float) + "\n")
         out.with_suffix(".md").write_text(markdown(report))
         print(_preregistration_lines(report["preregistration"]))

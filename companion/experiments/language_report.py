@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,15 +139,10 @@ def measure_primary(s: LanguageSettings, names: list[str], *, progress: bool = T
 
 def full_length_reliability(half_retest_tau: float, k: int = 2) -> float:
     """Reliability, on the Kendall-τ scale of a retest, of the mean of ``k`` parallel halves whose
-    test–retest τ is ``half_retest_tau`` (Spearman–Brown: r = sin(πτ/2), R = k·r / (1 + (k − 1)·r),
-    back to τ = (2/π)·arcsin R). The primary value is the mean over both halves (``k = 2``), so its
-    ceiling and power use this, not the retest of one half. A retest ≤ 0 (no signal) gives 0."""
-    if not math.isfinite(half_retest_tau) or k < 1:
-        return math.nan
-    r = math.sin(math.pi * half_retest_tau / 2)
-    if r <= 0:
-        return 0.0
-    return float(2 / math.pi * math.asin(k * r / (1 + (k - 1) * r)))
+    test–retest τ is ``half_retest_tau`` (:func:`companion.analysis.spearman_brown`). The primary value
+    is the mean over both halves (``k = 2``), so its ceiling and power use this, not the retest of one
+    half. A retest ≤ 0 (no signal) gives 0; ``k`` < 1 or a non-finite retest NaN."""
+    return analysis.spearman_brown(half_retest_tau, k) if k >= 1 else math.nan
 
 
 def primary_table(s: LanguageSettings, frame: pd.DataFrame, members: pd.DataFrame,
@@ -384,5 +380,6 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
     rep.metrics = report_metrics(rep, profile)
     cm.write_stage_metrics(out_dir, "language", rep.metrics)
     save_report_data(rep, out_dir)
-    print(f"language: {len(members)} members measured in {seconds:.0f} s")   # timings stay out of the outputs
+    cm.write_stage_timings(out_dir, "language", {"seconds": seconds})   # published to reports/timings/, git only
+    print(f"language: {len(members)} members measured in {seconds:.0f} s", file=sys.stderr)   # the log, not the report
     return rep

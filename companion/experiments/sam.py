@@ -15,9 +15,10 @@ AdamW, SAM, ASAM and geodesic SAM (invariant and mixed metric), compared honestl
   the ρ with the lowest mean validation error over the seeds (ties: the smaller ρ).  The
   test set is read only for the chosen runs' report.
 * **Report**: test error, mean over seeds, with a bootstrap interval that resamples seeds
-  and test images; its difference to AdamW (paired: the same draws); wall-clock per step;
-  geodesic sharpness of the resulting models (fixed measures and radii, a fixed batch of
-  training images).
+  and test images; its difference to AdamW (paired: the same draws); geodesic sharpness of the
+  resulting models (fixed measures and radii, a fixed batch of training images). Wall-clock per
+  step and its ratio to SAM's are :attr:`SAMResults.timings`, published to
+  ``reports/timings/sam.json`` (git, not DVC: no DVC output holds a time).
 """
 from __future__ import annotations
 
@@ -194,12 +195,13 @@ def sharpness_of(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor
 
 @dataclass
 class SAMResults:
-    runs: pd.DataFrame        # every fine-tune: method, rho, seed, errors, seconds per step
+    runs: pd.DataFrame        # every fine-tune: method, rho, seed, errors
     chosen: dict[str, float]  # method -> rho
     summary: pd.DataFrame     # one row per method at its chosen rho
     chosen_runs: pd.DataFrame # the chosen runs: method, seed, rho, test error, sharpness per measure
     metrics: dict
     start: Start
+    timings: dict             # wall clock: seconds per step (median per method), ratio to SAM's, total
 
 
 def run(params: Mapping[str, Any] | Settings, *, profile: str = "cpu", progress: bool = True) -> SAMResults:
@@ -221,6 +223,8 @@ def run(params: Mapping[str, Any] | Settings, *, profile: str = "cpu", progress:
         records.append(rec)
         models[m, r, seed] = copy.deepcopy(model.state_dict())
     runs = pd.DataFrame(records)
+    per_step = runs.groupby("method", sort=False).seconds_per_step.median()
+    runs = runs.drop(columns="seconds_per_step")
     chosen = choose_rho(runs)
     seeds, spec = list(st.seeds), st.sharpness
     batch = (start.x_train[:spec.n_images], start.y_train[:spec.n_images])
@@ -249,18 +253,18 @@ def run(params: Mapping[str, Any] | Settings, *, profile: str = "cpu", progress:
                          diff_vs_adamw=float(test_correct[m].mean() - test_correct["adamw"].mean()),
                          diff_ci=_interval(diff), val_error=float(r.val_error.mean()),
                          train_error=float(r.train_error.mean()),
-                         seconds_per_step=float(runs[runs.method == m].seconds_per_step.median()),
                          **{f"sharpness_{k}": float(sharp[sharp.method == m][k].mean()) for k in spec.measures}))
     summary = pd.DataFrame(rows)
-    sam_step = float(summary.set_index("method").loc["sam", "seconds_per_step"])
-    summary["step_vs_sam"] = summary.seconds_per_step / sam_step
-    metrics = _metrics(st, start, runs, summary, rows, grid, chosen, seeds, time.perf_counter() - t0)
-    return SAMResults(runs, chosen, summary, sharp, metrics, start)
+    metrics = _metrics(st, start, runs, summary, rows, grid, chosen, seeds)
+    timings = dict(per_step={m: float(per_step[m]) for m in METHODS},
+                   step_vs_sam={m: float(per_step[m] / per_step["sam"]) for m in METHODS},
+                   total=time.perf_counter() - t0)
+    return SAMResults(runs, chosen, summary, sharp, metrics, start, timings)
 
 
 def _metrics(st: Settings, start: Start, runs: pd.DataFrame, summary: pd.DataFrame, rows: list[dict],
-             grid: dict, chosen: dict, seeds: list[int], total: float) -> dict:
-    """``reports/metrics/sam.json``'s content."""
+             grid: dict, chosen: dict, seeds: list[int]) -> dict:
+    """``reports/metrics/sam.json``'s content (no wall clock: see :attr:`SAMResults.timings`)."""
     spec = st.sharpness
     metrics = dict(
         chosen_rho=chosen, rho_grid=grid,
@@ -268,9 +272,6 @@ def _metrics(st: Settings, start: Start, runs: pd.DataFrame, summary: pd.DataFra
                                                  "val_error", "train_error")
                                } | {"sharpness": {k: r[f"sharpness_{k}"] for k in spec.measures}}
                  for r in rows},
-        seconds=dict(per_step={r["method"]: r["seconds_per_step"] for r in rows},
-                     step_vs_sam={m: float(v) for m, v in zip(summary.method, summary.step_vs_sam)},
-                     total=total),
         protocol=dict(n_train=len(start.y_train), n_val=len(start.y_val), n_test=len(start.y_test),
                       steps=st.steps, batch_size=st.batch_size, seeds=seeds,
                       n_runs=len(runs), n_parameters=sum(p.numel() for p in start.model().parameters()),
@@ -297,7 +298,7 @@ def findings(summary: pd.DataFrame, grid: Mapping[str, list[float]]) -> str:
                    "not distinguishable from AdamW's (the interval of the difference contains 0)")
         lines.append(f"{r.label} at the chosen ρ = {r.rho:g}: test error {r.test_error:.3f} "
                      f"[{r.test_ci[0]:.3f}, {r.test_ci[1]:.3f}], {verdict}: AdamW − method = "
-                     f"{r.diff_vs_adamw:+.3f} [{lo:+.3f}, {hi:+.3f}]; a step costs {r.step_vs_sam:.2f}× SAM's.")
+                     f"{r.diff_vs_adamw:+.3f} [{lo:+.3f}, {hi:+.3f}].")
     sam_family = [m for m in s.index if m != "adamw"]
     edge = [s.loc[m, "label"] for m in sam_family if len(grid[m]) > 1 and s.loc[m, "rho"] == min(grid[m])]
     if edge:
@@ -314,13 +315,13 @@ def findings(summary: pd.DataFrame, grid: Mapping[str, list[float]]) -> str:
     return "\n\n".join(lines)
 
 
-def results_markdown(metrics: Mapping[str, Any]) -> str:
+def results_markdown(metrics: Mapping[str, Any], timings: Mapping[str, Any]) -> str:
     """The results table (method, ρ, test error with interval, difference to AdamW, time per
-    step and its ratio to SAM's) from a published ``reports/metrics/sam.json``; the README's
-    table is this function's output."""
+    step and its ratio to SAM's) from a published ``reports/metrics/sam.json`` and the same run's
+    ``reports/timings/sam.json``; the README's table is this function's output."""
     lines = ["| method | ρ (chosen on val) | test error [95% CI] | AdamW − method [95% CI] | ms / step | × SAM |",
              "|---|---|---|---|---|---|"]
-    sec = metrics["seconds"]
+    sec = timings
     for m in METHODS:
         r = metrics["methods"][m]
         rho = "–" if m == "adamw" else f"{r['rho']:g}"
@@ -330,8 +331,9 @@ def results_markdown(metrics: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":   # python -m companion.experiments.sam [metrics.json]: the results table
+if __name__ == "__main__":   # python -m companion.experiments.sam [metrics.json [timings.json]]: the results table
     import sys
 
-    print(results_markdown(json.loads(Path(sys.argv[1] if len(sys.argv) > 1 else "reports/metrics/sam.json")
-                                      .read_text())))
+    given, defaults = sys.argv[1:3], ["reports/metrics/sam.json", "reports/timings/sam.json"]
+    files = given + defaults[len(given):]
+    print(results_markdown(*(json.loads(Path(f).read_text()) for f in files)))

@@ -27,6 +27,10 @@ keep ``make repro`` within its budget, issue 16 item 8): nothing is trained or m
 metrics file says it was skipped and why, with an empty ``table1`` (so Table 1 has no stability
 line), and the report tables hold their header only. One zoo (``n_zoos: 1``) shows no spread and is
 refused.
+
+The wall-clock times (per zoo: training, with the per-member record :func:`language_zoo.train_zoo`
+writes beside a zoo, and measuring) go to ``reports/timings/language_stability.json`` (``--timings``;
+git, not DVC): no DVC output holds a time, so the zoos' own timing files are moved out of ``--out``.
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from companion.experiments import language_zoo as lz
+
+TIMINGS = Path("reports/timings/language_stability.json")
 
 GAPS = {"gap_in_distribution": ("dev_error", "train_error"), "gap_hans": ("test_error", "train_error")}
 #: columns of the report tables (the per-zoo taus, the members), also written, header only, when skipped
@@ -175,8 +181,12 @@ def run_stability(params: "StabilitySettings | Mapping[str, Any]", out_dir: str 
         spec = zoo_spec(s.zoo, j, s.seed_stride, vary_pretrain=s.vary_pretrain,
                         shared_pretrained=out / "zoo_0" / "pretrained")
         t0 = time.perf_counter()
+        training = None
         if train or not (zdir / "zoo.json").is_file():
             zoo = lz.train_zoo(spec, zdir, progress=progress)
+            beside = lz.timings_file(zdir)   # beside the zoo, i.e. inside this stage's DVC output: moved out
+            training = json.loads(beside.read_text())
+            beside.unlink()
         else:
             zoo = lz.load_zoo(zdir)
             if zoo["spec"] != json.loads(json.dumps(spec.to_dict())):
@@ -185,7 +195,7 @@ def run_stability(params: "StabilitySettings | Mapping[str, Any]", out_dir: str 
         gaps = member_gaps(zoo)
         frame = measure_one_zoo(zdir, s, progress=progress)
         taus = zoo_taus(frame, gaps, n_boot=s.n_boot, seed=s.seed)
-        seconds[f"zoo_{j}"] = {"train": t1 - t0, "measure": time.perf_counter() - t1}
+        seconds[f"zoo_{j}"] = {"train": t1 - t0, "measure": time.perf_counter() - t1, "training": training}
         all_taus.append(taus.assign(zoo=j, pretrain_seed=spec.pretrain.seed,
                                     base_seed=spec.finetune.base_seed))
         all_members.append(gaps.reset_index().assign(zoo=j))
@@ -238,6 +248,7 @@ def write_skipped(profile: str, s: StabilitySettings, out: str | Path, report: s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from companion.metrics import write_json
     from companion.params import stage_params
 
     ap = argparse.ArgumentParser(prog="python -m companion.experiments.stability",
@@ -245,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="data/zoos/language_stability")
     ap.add_argument("--report", default="reports/data/language/stability.csv")
     ap.add_argument("--metrics", default="reports/metrics/language_stability.json")
+    ap.add_argument("--timings", default=str(TIMINGS), help="where the wall-clock times go (git, not DVC)")
     ap.add_argument("--profile", default=None)
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--no-train", action="store_true", help="reuse zoos already in --out")
@@ -261,8 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.parent.mkdir(parents=True, exist_ok=True)
     taus.to_csv(report, index=False)
     members.to_csv(report.with_name(report.stem + "_members.csv"), index=False)
-    metrics = {"profile": profile, "params": dataclasses.asdict(s), "seconds": seconds,
+    metrics = {"profile": profile, "params": dataclasses.asdict(s),
                "summary": summary.to_dict("records"), "table1": table1_entry(taus)}
+    write_json(args.timings, {"profile": profile, "seconds": seconds})
     Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
     Path(args.metrics).write_text(json.dumps(metrics, indent=1, default=float))
     print(summary.to_string(index=False, float_format=lambda v: f"{v:+.3f}"))

@@ -168,6 +168,28 @@ def ceiling_notes(row: dict[str, Any], e: dict[str, Any]) -> list[str]:
     return notes
 
 
+def retest_note(metrics_dir: str | os.PathLike) -> str | None:
+    """The exploratory sentence under the language row, from ``language_retest.json`` (stage
+    ``language_retest``; None without that file): the batches per half, and training pairs per member,
+    at which every measure's test–retest would reach the target (Spearman–Brown through the whole
+    halves' retest), beside the pairs the corpus's training split holds."""
+    path = Path(metrics_dir) / "language_retest.json"
+    if not path.is_file():
+        return None
+    data = read_metrics(path)
+    per = data["measures"]
+    head = (f"* {_OURS['language']} (exploratory, stage language_retest): a test–retest of {data['target']:g} for "
+            f"every measure")
+    if any(r["batches_per_half_for_target"] is None for r in per.values()):
+        return head + " cannot be reached: a measure's retest shows no signal."
+    slow = max(per.values(), key=lambda r: r["batches_per_half_for_target"])
+    avail = data["training_pairs_available"]
+    return (head + f" would need about {slow['batches_per_half_for_target']} batches of {data['batch_size']} pairs per "
+            f"half ({slow['pairs_per_member_for_target']} training pairs per member; {slow['label']} is the slowest; "
+            f"Spearman–Brown from the retest at {slow['batches_per_half']} batches per half, "
+            f"{slow['retest']:.2f})" + (f"; the corpus's training split has {avail}." if avail else "."))
+
+
 def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     """Markdown text and CSV records of Table 1 (per row: the paper, then our primary comparison,
     then the exploratory lines; reliability, retest and ceiling where a stage recorded them)."""
@@ -210,6 +232,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             notes += ceiling_notes(row, e)
     if notes:
         lines += ["", "Rows that cannot show the paper's effect:", "", *notes]
+    if (retest := retest_note(metrics_dir)) is not None:
+        lines += ["", "How much data the language row would need:", "", retest]
     lines.append("")
     return "\n".join(lines), records
 
@@ -239,9 +263,10 @@ README_BEGIN, README_END = "<!-- table1:begin (python -m companion.experiments.t
     "<!-- table1:end -->"
 
 
-def readme_summary(csv_path: str | os.PathLike) -> str:
+def readme_summary(csv_path: str | os.PathLike, notes: list[str] = ()) -> str:
     """The README's summary of Table 1: the paper's lines and our primary lines, with the
-    gap's reliability and each measure's retest and ceiling (generated from ``table1.csv``)."""
+    gap's reliability and each measure's retest and ceiling (generated from ``table1.csv``), then
+    ``notes`` (generated sentences, e.g. :func:`retest_note`)."""
     with open(csv_path, newline="") as fh:
         rows = [r for r in csv.DictReader(fh) if r["source"] == "paper" or r["comparison"] == "primary"]
     head = ["| setting | source | models | gap rel. | adaptive | geodesic, invariant | geodesic, mixed |",
@@ -264,16 +289,16 @@ def readme_summary(csv_path: str | os.PathLike) -> str:
             cells.append(c)
         rel = f"{float(r['gap_reliability']):.2f}" if r["gap_reliability"] else "–"
         body.append(f"| {r['setting']} | {r['source']} | {r['n_models'] or '–'} | {rel} | " + " | ".join(cells) + " |")
-    return "\n".join([README_BEGIN, *head, *body, README_END])
+    return "\n".join([README_BEGIN, *head, *body, *(["", *notes] if notes else []), README_END])
 
 
-def update_readme(readme: str | os.PathLike, csv_path: str | os.PathLike) -> None:
+def update_readme(readme: str | os.PathLike, csv_path: str | os.PathLike, notes: list[str] = ()) -> None:
     """Replace the generated Table 1 block of ``readme`` (between its markers)."""
     text = Path(readme).read_text()
     a, b = text.find(README_BEGIN), text.find(README_END)
     if a < 0 or b < a:
         raise ValueError(f"{readme} has no generated Table 1 block ({README_BEGIN!r} … {README_END!r})")
-    _atomic_write(Path(readme), text[:a] + readme_summary(csv_path) + text[b + len(README_END):])
+    _atomic_write(Path(readme), text[:a] + readme_summary(csv_path, notes) + text[b + len(README_END):])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     md, csv_path = write(args.metrics_dir, args.out_dir)
     if args.readme:
-        update_readme(args.readme, csv_path)
+        note = retest_note(args.metrics_dir)
+        update_readme(args.readme, csv_path, [] if note is None else [note])
     print(Path(md).read_text())
     print(f"wrote {md} and {csv_path}")
     return 0

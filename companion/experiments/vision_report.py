@@ -78,7 +78,7 @@ class VisionReport:
     labels: dict[str, str]     # column -> Measure.label
     findings: list[str]        # sentences generated from the numbers
     metrics: dict
-    seconds: dict              # wall-clock times (sharpness in total and per measure); not in any output file
+    seconds: dict              # wall-clock times (sharpness in total and per measure): timings/vision.json only
 
 
 def load_settings(profile: str, params: dict) -> VisionSettings:
@@ -216,8 +216,9 @@ def findings(rep: VisionReport) -> str:
 def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: bool = True) -> VisionReport:
     """Measure, analyse and write every output of the ``vision`` stage (see the module docstring).
 
-    The wall-clock times are returned (``VisionReport.seconds``, shown by the notebook) and written
-    nowhere else: no DVC output holds a timing."""
+    The wall-clock times are returned (``VisionReport.seconds``, which the notebook prints to stderr)
+    and written to ``timings/vision.json`` (published to ``reports/timings/``): no DVC output holds a
+    timing."""
     from companion import metrics as cm
 
     s = load_settings(profile, params)
@@ -259,4 +260,5 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
                        .rename(columns={f"sharpness_{k}": k for k in s.measures}))
     timing = dict(sharpness=seconds, per_measure=frames.groupby("measure")["seconds"].agg(["mean", "sum"])
                   .to_dict(orient="index"))
+    cm.write_stage_timings(out, STAGE, timing)
     return VisionReport(members, primary, curve, rel_curve, between, hp_rank, labels, lines, metrics, timing)

@@ -133,3 +133,54 @@ def test_power_matches_brute_force_with_scipy_pvalues():
         hits += stats.kendalltau(_noisy(rng, x, r_xx), _noisy(rng, y, ry)).pvalue < 0.05
     got = an.power(n, tau, rt, ry, alpha=0.05, n_sim=3000, seed=1)
     assert got == pytest.approx(hits / 1500, abs=0.045)
+
+
+# --------------------------------------------------------------------------- Spearman–Brown, retest by batches
+
+
+def test_spearman_brown_closed_form_and_inverse():
+    # r = 0.5 (τ = 1/3) stepped up to R = 0.8 needs k = R(1 − r) / (r(1 − R)) = 4 times the data
+    tau_r, tau_big = 2 / np.pi * np.arcsin(0.5), 2 / np.pi * np.arcsin(0.8)
+    assert an.spearman_brown(tau_r, 4) == pytest.approx(tau_big, abs=1e-12)
+    assert an.spearman_brown_factor(tau_r, tau_big) == pytest.approx(4.0, abs=1e-12)
+    assert an.spearman_brown(tau_r, 1) == pytest.approx(tau_r, abs=1e-12)
+    assert an.spearman_brown(-0.2, 3) == 0.0 and np.isnan(an.spearman_brown(np.nan, 2))
+    assert an.spearman_brown_factor(0.0, 0.8) == np.inf
+    with pytest.raises(ValueError, match="strictly between"):
+        an.spearman_brown_factor(0.5, 1.0)
+
+
+def test_spearman_brown_predicts_simulated_parallel_batches():
+    """Members with a true value and independent noise per batch: the retest of means over m batches
+    is what Spearman–Brown predicts from the retest at h batches (large n: sampling error ~0.005)."""
+    rng = np.random.default_rng(0)
+    n, h = 20000, 8
+    true = rng.standard_normal(n)[:, None]
+    first, second = true + 2.0 * rng.standard_normal((n, h)), true + 2.0 * rng.standard_normal((n, h))
+    tau_h = stats.kendalltau(first.mean(1), second.mean(1)).statistic
+    for m in (1, 2, 4):
+        tau_m = stats.kendalltau(first[:, :m].mean(1), second[:, :m].mean(1)).statistic
+        assert an.spearman_brown(tau_h, m / h) == pytest.approx(tau_m, abs=0.015)
+
+
+def test_retest_by_subsets_against_every_choice_of_batches():
+    """Random draws average to the mean over all C(4,2)² choices (enumerated with scipy); the whole
+    sets give the one τ of their means."""
+    import itertools
+
+    rng = np.random.default_rng(1)
+    true = rng.standard_normal(12)[:, None]
+    first, second = true + rng.standard_normal((12, 4)), true + rng.standard_normal((12, 4))
+    got = an.retest_by_subsets(first, second, [2, 4], n_draws=4000, seed=3)
+    every = [stats.kendalltau(first[:, list(a)].mean(1), second[:, list(b)].mean(1)).statistic
+             for a in itertools.combinations(range(4), 2) for b in itertools.combinations(range(4), 2)]
+    assert got.loc[0, "tau"] == pytest.approx(np.mean(every), abs=0.01) and got.loc[0, "n_draws"] == 4000
+    assert got.loc[0, "tau_sd"] == pytest.approx(np.std(every), abs=0.01)
+    assert got.loc[1, "tau"] == stats.kendalltau(first.mean(1), second.mean(1)).statistic
+    assert got.loc[1, "n_draws"] == 1 and got.loc[1, "tau_sd"] == 0.0
+    again = an.retest_by_subsets(first, second, [2, 4], n_draws=4000, seed=3)
+    assert again.equals(got)                                     # seeded
+    with pytest.raises(ValueError, match="choose 1..min"):
+        an.retest_by_subsets(first, second, [5], n_draws=10, seed=0)
+    with pytest.raises(ValueError, match="same >= 3 members"):
+        an.retest_by_subsets(first, second[:5], [2], n_draws=10, seed=0)

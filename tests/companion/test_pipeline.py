@@ -100,6 +100,42 @@ def test_run_publishes_then_failure_leaves_reports_untouched(tmp_path):
     assert main(["nostage", "--root", str(root)]) == 1
 
 
+TIMED_BODY = """
+import json, sys, time
+from pathlib import Path
+t0 = time.perf_counter()
+print("the report's line")
+print("progress 3/3 [00:01<00:00, 1.50s/it]", file=sys.stderr)
+(Path(out_dir) / "metrics").mkdir(parents=True)
+(Path(out_dir) / "metrics" / "demo.json").write_text(json.dumps({"slope": params["slope"]}))
+(Path(out_dir) / "timings").mkdir()
+(Path(out_dir) / "timings" / "demo.json").write_text(json.dumps({"total": time.perf_counter() - t0}))
+import matplotlib.pyplot as plt
+(Path(out_dir) / "figures").mkdir()
+plt.plot([0, 1]); plt.savefig(Path(out_dir) / "figures" / "a.pdf")
+"""
+
+
+def test_published_notebook_holds_no_wall_clock_and_timings_go_to_git_only(tmp_path, capfd):
+    root = make_repo(tmp_path)
+    nb = nbformat.read(root / "notebooks" / "demo.ipynb", as_version=4)
+    nb.cells[1].source = TIMED_BODY
+    nbformat.write(nb, root / "notebooks" / "demo.ipynb")
+    res = run_stage("demo", root=root, progress_bar=False)
+    text = res.notebook.read_text()
+    executed = nbformat.reads(text, as_version=4)
+    streams = [(o.name, o.text) for c in executed.cells for o in c.get("outputs", []) if o.output_type == "stream"]
+    assert streams == [("stdout", "the report's line\n")]          # stderr (progress, warnings) is the log
+    for key in ("start_time", "end_time", "duration", "iopub.", "shell.execute_reply"):
+        assert key not in text, f"the published notebook records the clock: {key}"
+    assert "progress 3/3" in capfd.readouterr().err                 # echoed to the terminal instead
+    timings = root / "reports" / "timings" / "demo.json"            # published beside, not a metrics key
+    assert json.loads(timings.read_text())["total"] >= 0 and "total" not in json.loads(res.metrics.read_text())
+    assert executed.metadata.papermill.parameters["params"] == {"slope": 2, "figname": "a.png"}   # the rest kept
+    pdf = (root / "reports" / "figures" / "demo" / "a.pdf").read_bytes()
+    assert b"/CreationDate (D:19700101000000Z)" in pdf                # no run date in a figure either
+
+
 # --------------------------------------------------------------------------- DVC headlines
 
 

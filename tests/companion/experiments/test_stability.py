@@ -34,7 +34,11 @@ def test_zoo_seeds_differ_and_never_overlap():
 
 @pytest.mark.slow  # trains 2 tiny zoos of 4 and measures them: ~25 s on a quiet machine
 def test_run_stability(tmp_path):
-    taus, members, summary, _ = st.run_stability(PARAMS, tmp_path, progress=False)
+    taus, members, summary, seconds = st.run_stability(PARAMS, tmp_path, progress=False)
+    # no wall clock inside the stage's DVC output (the folder): the zoos' timing files were moved into `seconds`
+    assert not [p for p in tmp_path.rglob("*") if "timing" in p.name]
+    assert set(seconds) == {"zoo_0", "zoo_1"} and set(seconds["zoo_1"]["training"]["members"]) == set(members[
+        members["zoo"] == 1]["model"])
     assert set(taus["measure"]) == {"adaptive", "geodesic_mixed", "relative_flatness"}
     assert len(taus) == 2 * 3 * 2 and set(taus["zoo"]) == {0, 1}
     assert list(taus.columns) == st.TAU_COLUMNS and list(members.columns) == st.MEMBER_COLUMNS

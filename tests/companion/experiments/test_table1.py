@@ -64,12 +64,14 @@ def test_readme_table1_block_is_generated_from_the_committed_table():
     (no number typed by hand, none stale)."""
     from pathlib import Path
 
-    from companion.experiments.table1 import README_BEGIN, README_END, readme_summary
+    from companion.experiments.table1 import README_BEGIN, README_END, readme_summary, retest_note
 
     root = ROOT
     text = (root / "README.md").read_text()
     block = text[text.index(README_BEGIN):text.index(README_END) + len(README_END)]
-    assert block == readme_summary(root / "reports" / "table1.csv")
+    note = retest_note(root / "reports" / "metrics")          # the language row's data need (exploratory)
+    assert note is not None and note in block
+    assert block == readme_summary(root / "reports" / "table1.csv", [note])
     assert "| ours |" in block and "| paper |" in block
 
 
@@ -90,3 +92,21 @@ def test_reliability_column_is_the_retest_unless_the_value_averages_both(tmp_pat
         assert float(rows["vision"][f"reliability_{m}"]) == 0.5
         assert float(rows["language"][f"reliability_{m}"]) == 0.7 and float(rows["language"][f"retest_{m}"]) == 0.5
     assert "retest 0.50 (mean of both halves 0.70)" in md.read_text()
+
+
+def test_the_language_retest_sentence_is_generated_from_its_metrics(tmp_path):
+    mdir = tmp_path / "m"
+    _write(mdir, "language", [{"row": "language", "tau": TAU, "n_models": 50, "primary": True}])
+    assert table1.retest_note(mdir) is None and "How much data" not in table1.build(mdir)[0]
+    per = {m: {"label": m, "batches_per_half": 15, "retest": t, "batches_per_half_for_target": b,
+               "pairs_per_member_for_target": 2 * b * 128}
+           for m, t, b in [("adaptive", 0.56, 89), ("geodesic_invariant", 0.68, 41), ("geodesic_mixed", 0.74, 28)]}
+    (mdir / "language_retest.json").write_text(json.dumps(
+        {"profile": "cpu", "target": 0.8, "batch_size": 128, "training_pairs_available": 4000, "measures": per}))
+    note = table1.retest_note(mdir)
+    assert "about 89 batches of 128 pairs per half (22784 training pairs per member; adaptive is the slowest" in note
+    assert note.endswith("the corpus's training split has 4000.") and note in table1.build(mdir)[0]
+    per["adaptive"]["batches_per_half_for_target"] = None                     # a measure without signal
+    (mdir / "language_retest.json").write_text(json.dumps(
+        {"profile": "cpu", "target": 0.8, "batch_size": 128, "training_pairs_available": 4000, "measures": per}))
+    assert "cannot be reached" in table1.retest_note(mdir)

@@ -45,10 +45,12 @@ def test_sam_notebook_runs_and_publishes(tmp_path):
         assert m["diff_vs_adamw"] == pytest.approx(metrics["methods"]["adamw"]["test_error"] - m["test_error"])
         assert m["sharpness"]["geodesic_invariant"] == pytest.approx(at.geodesic_invariant.mean())
     assert metrics["methods"]["adamw"]["diff_ci"] == [0.0, 0.0]
-    assert set(metrics["seconds"]["step_vs_sam"]) == set(metrics["methods"])
+    timings = json.loads((reports / "timings" / "sam.json").read_text())   # git only: no DVC output holds a time
+    assert set(timings["step_vs_sam"]) == set(metrics["methods"]) and timings["step_vs_sam"]["sam"] == 1.0
+    assert np.isfinite(list(timings["per_step"].values())).all() and "seconds" not in metrics
     assert "AdamW alone reaches a test error of" in metrics["findings"]
     assert metrics["protocol"]["n_train"] + metrics["protocol"]["n_val"] == 192
     assert metrics["protocol"]["n_test"] == 200 and metrics["protocol"]["vision_train"]["model"]["width"] == 8
-    assert np.isfinite(runs.seconds_per_step).all()
-    table = results_markdown(metrics).splitlines()
+    assert "seconds_per_step" not in runs and "step_vs_sam" not in pd.read_csv(data / "summary.csv")
+    table = results_markdown(metrics, timings).splitlines()
     assert len(table) == 2 + 5 and table[3].startswith("| SAM | ")
