@@ -135,6 +135,12 @@ def floor_section(res: dict) -> list[str]:
             batch = f"{t['batch_size']}×{t['seq_len']}" if model.endswith("bert") or "bert" in model else str(t["batch_size"])
             ratio = "–" if not fl else f"{sec / fl:.2f}"
             lines.append(f"| {model} | {batch} | {t['n_iters']} | {name} | {sec:.3f} | {ratio} |")
+    ratios = [(model, name, sec / ms["floor"][0]) for model, ms in rows.items() if "floor" in ms
+              for name, (sec, _) in ms.items() if name != "floor"]
+    fmt = lambda xs: ", ".join(f"{m} {n} {r:.2f}×" for m, n, r in xs) or "none"  # noqa: E731
+    lines += ["", f"Within 1.15× of the floor: {fmt([x for x in ratios if x[2] <= 1.15])}; above: "
+              f"{fmt([x for x in ratios if x[2] > 1.15])}. (A call makes n + 1 passes against the floor's n, "
+              "so (n + 1)/n = 1.05× at 20 iterations is the least possible.)"]
     return lines
 
 
@@ -160,7 +166,8 @@ def zoo_section(res: dict, busy: dict | None = None) -> list[str]:
               f"{min(sp):.2f}–{max(sp):.2f}× (target of the issue: 3×; the geometry and the Auto-PGD "
               "bookkeeping still run per problem in Python, only the model's passes are batched). "
               "The max rel. diff column (zoo against the loop, float32, 20 iterations) is what the "
-              "lockstep batched passes changed in the values."]
+              "lockstep batched passes changed in the values; it is largest where the sharpness itself is small "
+              "against the loss (a float32 loss difference resolves about 1e-7 of the loss)."]
     ceil = [r for r in res["rows"] if "ceiling" in r]
     if ceil:
         ratio = [r["pass_vmap_s"] / r["pass_separate_s"] for r in ceil]
@@ -175,8 +182,9 @@ def zoo_section(res: dict, busy: dict | None = None) -> list[str]:
                   + ("is above every ceiling measured here." if max(cs) < 3 else "is within reach for some rows.")]
     if busy is not None:
         bs = [r["speedup"] for r in busy["rows"]]
-        lines += ["", f"The same benchmark on a {machine_state(busy['machine'])} machine ({busy['machine']['date']}, "
-                  f"`zoo_cpu_busy.json`) gave a median of {statistics.median(bs):.2f}× (range {min(bs):.2f}–"
+        models = sorted({r["model"] for r in busy["rows"]})
+        lines += ["", f"An earlier run on {', '.join(models)} on a {machine_state(busy['machine'])} machine "
+                  f"({busy['machine']['date']}, `zoo_cpu_busy.json`) gave a median of {statistics.median(bs):.2f}× (range {min(bs):.2f}–"
                   f"{max(bs):.2f}×): under load the loop of many short calls suffers more than the one pass, so "
                   "speed-ups measured on a busy machine overstate what a quiet one shows."]
     return lines
