@@ -201,6 +201,13 @@ def main() -> int:
     floor = _load("cpu_issue17.json")
     if floor:
         parts += floor_section(floor) + [""]
+    big = _load("cpu_bert_base_20iters.json")
+    if big:
+        parts += floor_section(big)[2:] + [
+            "", "(BERT-base at 8 × 128 tokens on the CPU: besides its passes, a call sweeps all the weights "
+            "several times per iteration in elementwise geometry (direction, ball, momentum, step), memory-bound "
+            "on 2 cores; adaptive also takes the default `low_memory` gradient passes, see the passes column of "
+            "`benchmarks/results/cpu_bert_base_20iters.md`.)", ""]
     zoo = _load("zoo_cpu.json")
     if zoo:
         parts += zoo_section(zoo, _load("zoo_cpu_busy.json")) + [""]
