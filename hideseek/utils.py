@@ -46,7 +46,10 @@ def release_freed_memory() -> bool:
     largest block freed, up to 32 MiB, so parameter-sized blocks of all but the largest
     models — in its heap, where they count in the resident memory until reused: a search
     that allocates and frees many of them in a varying order then holds more memory than it
-    uses.  Costs well under a millisecond; changes no value."""
+    uses.  Changes no value.  Not free: the memory it gives back is faulted in again by the
+    next allocation of that size, which on small models is a noticeable share of a pass — so
+    :func:`hideseek.sharpness` calls it only from
+    :data:`hideseek.sharpness.TRIM_FROM` perturbed weights on (``reports/benchmarks.md``)."""
     trim = _malloc_trim()
     if trim is None:
         return False
