@@ -19,7 +19,8 @@ field              values                               meaning
 ``ball``           ``"riemannian"`` | ``"adaptive"``    the pair metric with horizontal ξ, or
                                                         adaptive sharpness's ``‖ξ ⊘ |θ|‖₂`` ball
 ``step``           ``"second_order"`` | ``"straight"``  ``θ + ξ + ½Γ(ξ, ξ)``, ``θ + ξ`` or the
-                   | ``"exact"``                        closed-form geodesic (GL(1) pairs, ε = 0)
+                   | ``"exact"``                        geodesic itself (closed form for GL(1),
+                                                        else integrated, docs/maths.md §5.6)
 ``eps``            ≥ 0                                  ε relaxation ``S ↦ S + εI`` (geodesic)
 ``kind``           ``"worst"`` | ``"average"``          Auto-PGD maximum or mean over the sphere
 =================  ===================================  =========================================
@@ -126,9 +127,9 @@ class Measure:
         if self.p != "l2":
             raise ValueError("Measure: geodesic sharpness uses the ℓ2 (metric) ball; p='linf' is for "
                              "geometry='adaptive'")
-        if self.step == "exact" and (self.eps != 0.0 or self.ball != "riemannian"):
-            raise ValueError("Measure: step='exact' (closed-form GL(1) geodesics) needs ball='riemannian' "
-                             f"and eps=0 (got ball={self.ball!r}, eps={self.eps!r}); use step='second_order'")
+        if self.step == "exact" and self.ball != "riemannian":
+            raise ValueError("Measure: step='exact' (the geodesic itself) needs ball='riemannian' "
+                             f"(got ball={self.ball!r}); use step='second_order' for the Christoffel-only ablation")
 
     # ------------------------------------------------------------------ names
     @property

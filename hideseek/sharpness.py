@@ -452,8 +452,9 @@ def _warn_large_correction(ratios: list[float], rho: float) -> None:
             f"the second-order geodesic correction is large at rho={rho}: ‖½Γ(ξ,ξ)‖/‖ξ‖ reaches "
             f"{max(ratios):.3g} on some pair (near-zero or nearly rank-deficient weights allow huge "
             "relative steps), so the second-order approximation of the geodesic is unreliable there. "
-            "Use a smaller rho: hs.suggest_rho(model, batches, measure) (command line: --rho auto) "
-            f"gives the largest one whose correction stays below {CORRECTION_BOUND}", RuntimeWarning,
+            "Use step='exact' (the integrated geodesic), or a smaller rho: hs.suggest_rho(model, batches, "
+            f"measure) (command line: --rho auto) gives the largest one whose correction stays below {CORRECTION_BOUND}",
+            RuntimeWarning,
             stacklevel=3)
 
 

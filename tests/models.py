@@ -65,3 +65,18 @@ class MHAClassifier(nn.Module):
     def forward(self, x):
         out, _ = self.attn(x, self.kproj(x), self.vproj(x), need_weights=False)
         return self.head(torch.tanh(out).mean(1))
+
+
+def tiny_llama(seed=0, layers=1, hidden=16, heads=2, vocab=40, labels=3):
+    """A Llama sequence classifier (rotary query/key pairs: the rotary subgroup, docs/maths.md §12)."""
+    import transformers
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, intermediate_size=hidden, max_position_embeddings=16,
+                                   num_labels=labels, pad_token_id=0)
+    return transformers.LlamaForSequenceClassification(cfg).double().eval()
+
+
+def llama_batch(seed=0, n=4, length=6, vocab=40, labels=3):
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(1, vocab, (n, length), generator=g)}, torch.randint(0, labels, (n,), generator=g)

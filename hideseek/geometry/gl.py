@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from . import geodesic as _geo
+from .geodesic import exact_geodesic_gl1, exact_geodesic_gl1_mixed  # noqa: F401 (re-exported)
 from .metrics import (METRICS, InvariantMetric, MixedMetric, PairMetric, _eye_like, _spd_inverse,  # noqa: F401
                       _t, get_metric)
 
@@ -60,6 +62,9 @@ class PairGeometry:
     metric: str = "invariant"
     eps: float = 0.0
     impl: PairMetric = field(init=False, repr=False)
+    #: RK4 steps of the integrated geodesic (``step(…, "exact")`` without a closed form):
+    #: ``None`` until chosen by :meth:`integrated_step` at the first nonzero velocity, then fixed
+    geodesic_steps: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.G.dim() != 3 or self.H.dim() != 3 or self.G.shape[0] != self.H.shape[0] \
@@ -126,90 +131,75 @@ class PairGeometry:
         """Point reached at time ``t`` from ``(G, H)`` with velocity ξ.
 
         ``christoffel=True``: second-order geodesic ``θ + tξ + (t²/2) γ̈(0)``;
-        ``False``: straight line ``θ + tξ``; ``"exact"``: the closed-form geodesic for h = 1
-        (ε = 0): :func:`exact_geodesic_gl1` (invariant, any n, m) or
-        :func:`exact_geodesic_gl1_mixed` (mixed, n = m = 1; raises where the geodesic ends
-        at G = H = 0 before time t).
+        ``False``: straight line ``θ + tξ``; ``"exact"``: the geodesic itself — the metric's
+        closed form where it has one (GL(1), ε = 0: :func:`exact_geodesic_gl1` for the
+        invariant metric, any n, m; :func:`exact_geodesic_gl1_mixed` for the mixed metric,
+        n = m = 1, which raises where the geodesic ends at G = H = 0 before time t), else
+        the integrated geodesic equation (:meth:`integrated_step`, docs/maths.md §5.6).
         """
         if christoffel == "exact":
-            if self.eps != 0.0 or self.G.shape[-1] != 1:
-                raise ValueError("exact geodesics are available for h = 1 and eps = 0 only")
-            if self.metric == "mixed":
-                return exact_geodesic_gl1_mixed(self.G, self.H, xG, xH, t)
-            return exact_geodesic_gl1(self.G, xG, t), exact_geodesic_gl1(self.H, xH, t)
+            closed = self.impl.closed_form_geodesic(xG, xH, t)
+            return closed if closed is not None else self.integrated_step(xG, xH, t)
         if christoffel:
             aG, aH = self.acceleration(xG, xH)
             return self.G + t * xG + 0.5 * t * t * aG, self.H + t * xH + 0.5 * t * t * aH
         return self.G + t * xG, self.H + t * xH
 
+    # ------------------------------------------------------ integrated geodesics
+    def _accel_at(self, G: Tensor, H: Tensor, vG: Tensor, vH: Tensor) -> tuple[Tensor, Tensor]:
+        return self.impl.acceleration_at(G, H, vG, vH, self.eps)
+
+    def _monitor(self):
+        """A rank-loss monitor for metrics with incomplete geodesics (None for complete ones)."""
+        return None if self.impl.complete else _geo.RankLossMonitor(self.G, self.H)
+
+    def choose_geodesic_steps(self, xG: Tensor, xH: Tensor, t: float = 1.0, rtol: float | None = None) -> int | None:
+        """RK4 step count for velocities like ξ: step doubling in float64 without autograd
+        (:func:`hideseek.geometry.geodesic.choose_steps`; the end point moves by less than
+        ``rtol ‖ξ‖``, default :data:`~hideseek.geometry.geodesic.GEODESIC_RTOL`, both in the
+        metric at θ, so the choice is invariant under the group action).  ``None`` when ξ = 0."""
+        with torch.no_grad():
+            G64, H64, x64G, x64H = (a.detach().double() for a in (self.G, self.H, xG, xH))
+            MG, MH = type(self.impl).blocks(G64, H64, self.eps)
+
+            def sqnorm(a, b):
+                return ((a @ MG) * a).sum((-1, -2)) + ((b @ MH) * b).sum((-1, -2))
+
+            if not bool((sqnorm(x64G, x64H) > 0).any()):
+                return None
+            cls, eps = type(self.impl), self.eps
+            return _geo.choose_steps(lambda g, h, vg, vh: cls.acceleration_at(g, h, vg, vh, eps),
+                                     G64, H64, x64G, x64H, sqnorm, t, rtol,
+                                     monitor_factory=self._monitor)
+
+    def integrated_step(self, xG: Tensor, xH: Tensor, t: float = 1.0,
+                        steps: int | None = None) -> tuple[Tensor, Tensor]:
+        """``γ_ξ(t)`` by integrating ``(x, v)' = (v, −Γ_x(v, v))`` with classical RK4
+        (docs/maths.md §5.6), Γ at the moving point with that point's Gram inverses
+        (:meth:`~hideseek.geometry.metrics.PairMetric.acceleration_at`, batched).
+
+        Step count: ``steps`` if given; else :attr:`geodesic_steps`, which the first call
+        with a nonzero ξ sets once by step doubling (:meth:`choose_geodesic_steps`) and which
+        then stays fixed, so that within one search ``ξ ↦ γ_ξ(t)`` is one smooth map that
+        autograd differentiates (a call with ξ = 0 uses one step and fixes nothing; its
+        derivative is the identity whatever the count).  In a sharpness search the first
+        nonzero ξ is Auto-PGD's first step, on the sphere of radius ρ.  Metrics with
+        incomplete geodesics (mixed) refuse in one line once a Gram matrix loses rank
+        along the path (:class:`~hideseek.geometry.geodesic.RankLossMonitor`)."""
+        n = steps if steps is not None else self.geodesic_steps
+        if n is None:
+            n = self.choose_geodesic_steps(xG, xH, t)
+            if n is None:
+                n = 1
+            else:
+                self.geodesic_steps = n
+        return _geo.rk4_geodesic(self._accel_at, self.G, self.H, xG, xH, n, t, monitor=self._monitor(),
+                                 first_accel=self.acceleration(xG, xH))[0]
+
 
 def _inv_sqrt_spd(M: Tensor) -> Tensor:
     w, U = torch.linalg.eigh(M.double())
     return ((U * w.clamp_min(torch.finfo(torch.float64).tiny).rsqrt().unsqueeze(-2)) @ _t(U)).to(M.dtype)
-
-
-def exact_geodesic_gl1(G: Tensor, xi: Tensor, t: float = 1.0) -> Tensor:
-    r"""Exact geodesic of the metric ``|ξ|² / |g|²`` on ``Rⁿ \ {0}`` (one factor of the
-    invariant metric when h = 1), batched over ``(B, n, 1)``.
-
-    With ``g = r ω`` the metric is ``d(log r)² + |dω|²``: a flat line in ``log r`` times a
-    great circle on the sphere.  For n = 1 this is ``g e^{t ξ/g}``.
-    """
-    g, x = G.squeeze(-1), xi.squeeze(-1)
-    r = g.norm(dim=-1, keepdim=True)
-    w = g / r
-    radial = (w * x).sum(-1, keepdim=True) / r          # d(log r)/dt
-    tang = x / r - radial * w                            # dω/dt
-    speed = tang.norm(dim=-1, keepdim=True)
-    safe = torch.where(speed > 0, speed, torch.ones_like(speed))
-    direction = torch.where(speed > 0, tang / safe, torch.zeros_like(tang))
-    omega = w * torch.cos(speed * t) + direction * torch.sin(speed * t)
-    return (r * torch.exp(radial * t) * omega).unsqueeze(-1)
-
-
-def exact_geodesic_gl1_mixed(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor,
-                             t: float = 1.0) -> tuple[Tensor, Tensor]:
-    r"""Exact geodesic of the mixed metric ``H² dG² + G² dH²`` for scalar pairs
-    (n = m = h = 1), batched over ``(B, 1, 1)``; ``G, H ≠ 0`` (docs/maths.md §5.4).
-
-    With ``β̃ = |G H|`` and ``s = log |G / H|`` the metric is ``½ (dβ̃² + β̃² ds²)``: half the
-    flat metric of the plane in polar coordinates, the angle ``s`` unbounded (a flat cone
-    over the real line).  In the complex coordinate ``P = β̃ e^{i s}`` geodesics are straight
-    lines, ``P(t) = P₀ (1 + t w)`` with ``w = a + i c``, ``a = ξ_G/G + ξ_H/H``,
-    ``c = ξ_G/G − ξ_H/H``.  Writing ``z = 1 + t w`` (``θ = arg z ∈ (−π, π)``):
-
-        |G(t)| = |G| √|z| e^{θ/2},   |H(t)| = |H| √|z| e^{−θ/2},   signs unchanged.
-
-    Horizontal velocities (``ξ_G/G = ξ_H/H = b``) give ``c = 0`` and
-    ``(G, H)(t) = (G, H) √(1 + 2 b t)``: the geodesic is **incomplete**, it reaches
-    ``G = H = 0`` (where the metric degenerates) at ``t = −1/(2b)`` when ``b < 0``.  Every
-    other geodesic (``c ≠ 0``) misses the tip and is defined for all t.  Reaching the tip
-    exactly at ``t`` is allowed (the end point ``(0, 0)``); asking for a time past the end
-    raises ``ValueError``.
-    """
-    if G.shape[-2:] != (1, 1) or H.shape[-2:] != (1, 1):
-        raise ValueError("exact_geodesic_gl1_mixed needs scalar pairs, G and H of shape (B, 1, 1); "
-                         f"got {tuple(G.shape)} and {tuple(H.shape)}")
-    if bool((G == 0).any()) or bool((H == 0).any()):
-        raise ValueError("the mixed-metric geodesic needs G != 0 and H != 0 (full column rank)")
-    bg, bh = xG / G, xH / H
-    a, c = bg + bh, bg - bh
-    re, im = 1.0 + t * a, t * c
-    # a velocity meant to end exactly at the tip (b = −1/(2t)) may land a few ulps past it
-    tol = 8 * torch.finfo(re.dtype).eps * (1.0 + (t * a).abs())
-    at_tip = (im == 0) & (re < 0) & (re >= -tol)
-    re = torch.where(at_tip, torch.zeros_like(re), re)
-    ended = (im == 0) & (re < 0)
-    if bool(ended.any()):
-        raise ValueError(
-            f"{int(ended.sum())} geodesic(s) of the mixed metric end at G = H = 0 before t = {t}: "
-            "a horizontal velocity with ξ_G/G = ξ_H/H < −1/(2t) leaves the domain. Keep "
-            "perturbations inside the geodesic ball (ξ_G/G ≥ −1/(2t)) or use a smaller radius.")
-    mod = torch.hypot(re, im)
-    theta = torch.atan2(im, re)
-    half = torch.exp(0.5 * theta)
-    root = mod.sqrt()
-    return G * root * half, H * root / half
 
 
 # ------------------------------------------------------------------ functional API

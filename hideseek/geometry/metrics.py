@@ -44,6 +44,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from .geodesic import exact_geodesic_gl1, exact_geodesic_gl1_mixed
+
 
 def _t(x: Tensor) -> Tensor:
     return x.transpose(-1, -2)
@@ -74,6 +76,11 @@ def _generalised_eigh(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
     return w, _t(Li) @ U
 
 
+def _inv64(S: Tensor) -> Tensor:
+    """Inverse of a batch of small SPD matrices, computed in float64 (differentiable)."""
+    return torch.linalg.inv(S.double()).to(S.dtype)
+
+
 def gram(G: Tensor, H: Tensor, eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(S_G, S_H, S̃_G, S̃_H)`` with ``S̃ = S + ε I``, batched (dtype of the inputs)."""
     SG, SH = _t(G) @ G, _t(H) @ H
@@ -101,6 +108,9 @@ class PairMetric:
     #: whether the methods at ε > 0 are exactly the geometry of the ε-relaxed metric
     #: (``blocks(G, H, eps)``); False where ε only regularises inverses (mixed: O(ε) off)
     eps_exact: ClassVar[bool] = True
+    #: whether every geodesic is defined for all t (False: integrated geodesics watch for a
+    #: Gram matrix losing rank and refuse, docs/maths.md §5.6)
+    complete: ClassVar[bool] = True
 
     def __init__(self, G: Tensor, H: Tensor, eps: float = 0.0) -> None:
         if G.dim() != 3 or H.dim() != 3 or G.shape[0] != H.shape[0] or G.shape[-1] != H.shape[-1]:
@@ -202,6 +212,12 @@ class PairMetric:
         return (torch.linalg.solve(MG, _t(rG)).transpose(-1, -2),
                 torch.linalg.solve(MH, _t(rH)).transpose(-1, -2))
 
+    # ------------------------------------------------------------ closed-form geodesic
+    def closed_form_geodesic(self, xG: Tensor, xH: Tensor, t: float = 1.0) -> "tuple[Tensor, Tensor] | None":
+        """``γ_ξ(t)`` in closed form where the metric has one at this point's shapes and ε,
+        else ``None`` (the geodesic is then integrated, docs/maths.md §5.6)."""
+        return None
+
 
 class InvariantMetric(PairMetric):
     """``g(ξ, η) = tr(S̃_G⁻¹ ξ_Gᵀ η_G) + tr(S̃_H⁻¹ ξ_Hᵀ η_H)`` (paper Eq. 9; docs/maths.md §2).
@@ -255,13 +271,19 @@ class InvariantMetric(PairMetric):
     def dual(self, gG, gH):
         return gG @ self.SGt, gH @ self.SHt
 
+    def closed_form_geodesic(self, xG, xH, t=1.0):
+        """GL(1), ε = 0: a flat line in log-radius times a great circle, for each factor."""
+        if self.G.shape[-1] != 1 or self.eps != 0.0:
+            return None
+        return exact_geodesic_gl1(self.G, xG, t), exact_geodesic_gl1(self.H, xH, t)
+
     def acceleration(self, xG, xH):
         return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
 
     @classmethod
     def acceleration_at(cls, G, H, xG, xH, eps=0.0):
         _, _, SGt, SHt = gram(G, H, eps)
-        return cls._accel(G, H, torch.linalg.inv(SGt), torch.linalg.inv(SHt), xG, xH)
+        return cls._accel(G, H, _inv64(SGt), _inv64(SHt), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
@@ -282,6 +304,7 @@ class MixedMetric(PairMetric):
 
     name = "mixed"
     eps_exact = False
+    complete = False
 
     @classmethod
     def blocks(cls, G, H, eps=0.0):
@@ -304,13 +327,19 @@ class MixedMetric(PairMetric):
     def dual(self, gG, gH):
         return gG @ self.SHi, gH @ self.SGi
 
+    def closed_form_geodesic(self, xG, xH, t=1.0):
+        """Scalar pairs (n = m = h = 1), ε = 0: straight lines of a flat cone (ends at the tip)."""
+        if tuple(self.G.shape[-2:]) != (1, 1) or tuple(self.H.shape[-2:]) != (1, 1) or self.eps != 0.0:
+            return None
+        return exact_geodesic_gl1_mixed(self.G, self.H, xG, xH, t)
+
     def acceleration(self, xG, xH):
         return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
 
     @classmethod
     def acceleration_at(cls, G, H, xG, xH, eps=0.0):
         _, _, SGt, SHt = gram(G, H, eps)
-        return cls._accel(G, H, torch.linalg.inv(SGt), torch.linalg.inv(SHt), xG, xH)
+        return cls._accel(G, H, _inv64(SGt), _inv64(SHt), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):

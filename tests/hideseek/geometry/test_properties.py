@@ -197,7 +197,7 @@ def test_riemannian_gradient_against_finite_differences(kind, name, eps):
     torch.testing.assert_close(pG, rG, rtol=0, atol=_tol(name, eps, 1e-10) * float(rG.abs().max()))
 
 
-STEPS = [pytest.param(True, id="second_order")]
+STEPS = [pytest.param(True, id="second_order"), pytest.param("exact", id="exact")]
 
 
 @pytest.mark.parametrize("christoffel", STEPS)

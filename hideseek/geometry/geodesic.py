@@ -1,0 +1,244 @@
+r"""Geodesics of the pair metrics: closed forms for GL(1) and the integrated geodesic equation
+for GL(h) pairs of any h (docs/maths.md §5.4, §5.6).
+
+A geodesic from ``θ = (G, H)`` with velocity ``ξ`` solves ``γ'' = −Γ_γ(γ', γ')``.  The
+second-order step ``θ + ξ − ½Γ_θ(ξ, ξ)`` is its Taylor truncation at t = 1;
+:func:`rk4_geodesic` integrates the first-order system ``(x, v)' = (v, −Γ_x(v, v))`` from 0
+to t with a fixed number of classical Runge–Kutta steps, the Christoffel contraction at the
+*moving* point (its own Gram inverses, batched:
+:meth:`hideseek.geometry.metrics.PairMetric.acceleration_at`).  With the step count fixed,
+``ξ ↦ γ_ξ(t)`` is a composition of smooth operations, so autograd differentiates it (the
+search's gradient flows through the integrator).  How the count is chosen
+(:func:`choose_steps`: step doubling, once per search) is in
+:meth:`hideseek.geometry.gl.PairGeometry.integrated_step`.
+
+The mixed metric's geodesics are incomplete: a Gram matrix ``GᵀG`` or ``HᵀH`` can lose
+rank in finite time (for h = 1 at ``b = −1/(2t)``, :func:`exact_geodesic_gl1_mixed`).  For a
+metric with ``complete = False`` the integrator watches the smallest eigenvalue of both Gram
+matrices after every step and refuses in one line (``ValueError``, the closed form's rule:
+the geodesic ball ends there) once it falls below :data:`RANK_LOSS_FRACTION` of its value at
+the start (checked at every stage point of every step).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+#: an integrated geodesic of an incomplete metric is refused once the smallest eigenvalue of
+#: ``GᵀG`` or ``HᵀH`` falls below this fraction of its value at the start (a singular value
+#: of the pair below 10 % of its smallest at the start: the path is heading for a
+#: rank-deficient point).  Checked at every RK4 stage point, so that a coarse step does not
+#: jump over the singular point unnoticed (at 1 % it can: the radial test of
+#: tests/hideseek/geometry/test_geodesic.py)
+RANK_LOSS_FRACTION = 1e-2
+#: step doubling stops when the end point moves by less than this, relative to ‖ξ‖ (both
+#: in the metric at θ): the end point is then within about 0.1 % of the step of the
+#: geodesic's (RK4's error falls as n⁻⁴), far below the second-order truncation that
+#: matters (its correction is flagged above half the step)
+GEODESIC_RTOL = 1e-3
+#: the most RK4 steps step doubling tries (a warning, and this count, when not converged)
+MAX_GEODESIC_STEPS = 512
+
+Accel = Callable[[Tensor, Tensor, Tensor, Tensor], "tuple[Tensor, Tensor]"]
+
+
+def _t(x: Tensor) -> Tensor:
+    return x.transpose(-1, -2)
+
+
+def gram_min_eigenvalues(G: Tensor, H: Tensor) -> tuple[Tensor, Tensor]:
+    """Smallest eigenvalue of ``GᵀG`` and of ``HᵀH`` per pair, ``(B,)`` each (float64, no grad)."""
+    with torch.no_grad():
+        G64, H64 = G.detach().double(), H.detach().double()
+        return torch.linalg.eigvalsh(_t(G64) @ G64)[..., 0], torch.linalg.eigvalsh(_t(H64) @ H64)[..., 0]
+
+
+class RankLossMonitor:
+    """Refuses (``ValueError``, one line) an integrated geodesic of an incomplete metric that
+    runs into a rank-deficient pair: at a point it is called with, the smallest eigenvalue
+    of ``GᵀG`` or ``HᵀH`` below ``RANK_LOSS_FRACTION`` of its value at the start
+    (``S − floor·I`` not positive definite: a batched float64 Cholesky, no host sync).
+    :meth:`check` raises if a point failed: one host sync per integration."""
+
+    def __init__(self, G: Tensor, H: Tensor, fraction: float | None = None) -> None:
+        lg, lh = gram_min_eigenvalues(G, H)
+        f = RANK_LOSS_FRACTION if fraction is None else fraction
+        self.floor_G, self.floor_H = (f * lg)[:, None, None], (f * lh)[:, None, None]
+        self.bad = torch.zeros(lg.shape, dtype=torch.bool, device=lg.device)
+
+    @staticmethod
+    def _below(X: Tensor, floor: Tensor) -> Tensor:
+        X = X.detach().double()
+        S = _t(X) @ X
+        eye = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
+        return torch.linalg.cholesky_ex(S - floor * eye)[1] != 0
+
+    def __call__(self, G: Tensor, H: Tensor, t: float) -> None:
+        with torch.no_grad():
+            self.bad |= self._below(G, self.floor_G) | self._below(H, self.floor_H)
+
+    def check(self, t: float) -> None:
+        if bool(self.bad.any()):
+            raise ValueError(
+                f"{int(self.bad.sum())} geodesic(s) of the mixed metric reach a rank-deficient pair (GᵀG or HᵀH "
+                f"loses rank) before t = {t:.3g}: the geodesic ball ends before the radius (as for GL(1), "
+                "exact_geodesic_gl1_mixed). Use a smaller rho, or step='second_order'.")
+
+
+def rk4_geodesic(accel: Accel, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, steps: int, t: float = 1.0,
+                 monitor: Callable[[Tensor, Tensor, float], None] | None = None,
+                 first_accel: "tuple[Tensor, Tensor] | None" = None,
+                 trajectory: bool = False):
+    """Integrate ``(x, v)' = (v, accel(x, v))`` from ``(θ, ξ)`` over ``[0, t]`` with ``steps``
+    classical RK4 steps; ``accel(G, H, vG, vH) = −Γ_{(G,H)}(v, v)``.
+
+    ``first_accel``: the acceleration at the start, when the caller has it (precomputed
+    Gram inverses).  ``monitor(G, H, s)`` is called at every stage point and after every step,
+    and its ``check(t)`` (if it has one) at the end.  Returns the end point
+    ``(G(t), H(t))`` and velocity ``(vG(t), vH(t))``, or with ``trajectory=True`` the lists of
+    the points and velocities at every step (``steps + 1`` each)."""
+    if steps < 1:
+        raise ValueError(f"the number of RK4 steps must be >= 1, got {steps}")
+    dt = t / steps
+    g, h, vg, vh = G, H, xG, xH
+    points, velocities = [(g, h)], [(vg, vh)]
+    for k in range(steps):
+        a1 = first_accel if (k == 0 and first_accel is not None) else accel(g, h, vg, vh)
+        g2, h2 = g + 0.5 * dt * vg, h + 0.5 * dt * vh
+        vg2, vh2 = vg + 0.5 * dt * a1[0], vh + 0.5 * dt * a1[1]
+        if monitor is not None:
+            monitor(g2, h2, (k + 0.5) * dt)
+        a2 = accel(g2, h2, vg2, vh2)
+        g3, h3 = g + 0.5 * dt * vg2, h + 0.5 * dt * vh2
+        vg3, vh3 = vg + 0.5 * dt * a2[0], vh + 0.5 * dt * a2[1]
+        if monitor is not None:
+            monitor(g3, h3, (k + 0.5) * dt)
+        a3 = accel(g3, h3, vg3, vh3)
+        g4, h4 = g + dt * vg3, h + dt * vh3
+        vg4, vh4 = vg + dt * a3[0], vh + dt * a3[1]
+        if monitor is not None:
+            monitor(g4, h4, (k + 1) * dt)
+        a4 = accel(g4, h4, vg4, vh4)
+        g = g + (dt / 6) * (vg + 2 * vg2 + 2 * vg3 + vg4)
+        h = h + (dt / 6) * (vh + 2 * vh2 + 2 * vh3 + vh4)
+        vg = vg + (dt / 6) * (a1[0] + 2 * a2[0] + 2 * a3[0] + a4[0])
+        vh = vh + (dt / 6) * (a1[1] + 2 * a2[1] + 2 * a3[1] + a4[1])
+        if monitor is not None:
+            monitor(g, h, (k + 1) * dt)
+        if trajectory:
+            points.append((g, h))
+            velocities.append((vg, vh))
+    if monitor is not None and hasattr(monitor, "check"):
+        monitor.check(t)
+    if trajectory:
+        return points, velocities
+    return (g, h), (vg, vh)
+
+
+def choose_steps(accel: Accel, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor,
+                 sqnorm: Callable[[Tensor, Tensor], Tensor], t: float = 1.0, rtol: float | None = None,
+                 monitor_factory: Callable[[], Callable] | None = None, max_steps: int | None = None) -> int:
+    """The RK4 step count by step doubling: the smallest ``n = 1, 2, 4, …`` whose end point
+    moves by less than ``rtol ‖ξ‖`` when the steps are doubled,
+    ``max_pairs √sqnorm(x_n − x_2n) / √sqnorm(ξ)`` (``sqnorm``: the metric at θ, so that the
+    choice is invariant under the group action; pairs with ξ = 0 do not count).  Run it on
+    float64 inputs without autograd.  ``max_steps`` (default :data:`MAX_GEODESIC_STEPS`):
+    a ``RuntimeWarning`` and that count when not converged."""
+    rtol = GEODESIC_RTOL if rtol is None else rtol
+    cap = MAX_GEODESIC_STEPS if max_steps is None else max_steps
+    ref = sqnorm(xG, xH).sqrt()
+    live = ref > 0
+    if not bool(live.any()):
+        raise ValueError("choose_steps needs a nonzero velocity")
+
+    def end(n):
+        """End point with n steps, or the refusal of the rank-loss monitor."""
+        mon = monitor_factory() if monitor_factory is not None else None
+        try:
+            return rk4_geodesic(accel, G, H, xG, xH, n, t, monitor=mon)[0], None
+        except ValueError as refusal:
+            return None, refusal
+
+    # a coarse count may overshoot into a rank-deficient point: a refusal counts only when
+    # the doubled count refuses too
+    n, (prev, refused) = 1, end(1)
+    while 2 * n <= cap:
+        nxt, refused_next = end(2 * n)
+        if refused is not None and refused_next is not None:
+            raise refused_next
+        if prev is not None and nxt is not None:
+            err = sqnorm(prev[0] - nxt[0], prev[1] - nxt[1]).sqrt()
+            if float((err[live] / ref[live]).max()) < rtol:
+                return n
+        n, prev, refused = 2 * n, nxt, refused_next
+    warnings.warn(f"the integrated geodesic did not converge to rtol={rtol:g} within {cap} RK4 steps "
+                  "(a pair close to rank deficiency?); using that many", RuntimeWarning, stacklevel=3)
+    return cap
+
+
+# ------------------------------------------------------------------ closed forms for GL(1)
+def exact_geodesic_gl1(G: Tensor, xi: Tensor, t: float = 1.0) -> Tensor:
+    r"""Exact geodesic of the metric ``|ξ|² / |g|²`` on ``Rⁿ \ {0}`` (one factor of the
+    invariant metric when h = 1), batched over ``(B, n, 1)``.
+
+    With ``g = r ω`` the metric is ``d(log r)² + |dω|²``: a flat line in ``log r`` times a
+    great circle on the sphere.  For n = 1 this is ``g e^{t ξ/g}``.
+    """
+    g, x = G.squeeze(-1), xi.squeeze(-1)
+    r = g.norm(dim=-1, keepdim=True)
+    w = g / r
+    radial = (w * x).sum(-1, keepdim=True) / r          # d(log r)/dt
+    tang = x / r - radial * w                            # dω/dt
+    speed = tang.norm(dim=-1, keepdim=True)
+    safe = torch.where(speed > 0, speed, torch.ones_like(speed))
+    direction = torch.where(speed > 0, tang / safe, torch.zeros_like(tang))
+    omega = w * torch.cos(speed * t) + direction * torch.sin(speed * t)
+    return (r * torch.exp(radial * t) * omega).unsqueeze(-1)
+
+
+def exact_geodesic_gl1_mixed(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor,
+                             t: float = 1.0) -> tuple[Tensor, Tensor]:
+    r"""Exact geodesic of the mixed metric ``H² dG² + G² dH²`` for scalar pairs
+    (n = m = h = 1), batched over ``(B, 1, 1)``; ``G, H ≠ 0`` (docs/maths.md §5.4).
+
+    With ``β̃ = |G H|`` and ``s = log |G / H|`` the metric is ``½ (dβ̃² + β̃² ds²)``: half the
+    flat metric of the plane in polar coordinates, the angle ``s`` unbounded (a flat cone
+    over the real line).  In the complex coordinate ``P = β̃ e^{i s}`` geodesics are straight
+    lines, ``P(t) = P₀ (1 + t w)`` with ``w = a + i c``, ``a = ξ_G/G + ξ_H/H``,
+    ``c = ξ_G/G − ξ_H/H``.  Writing ``z = 1 + t w`` (``θ = arg z ∈ (−π, π)``):
+
+        |G(t)| = |G| √|z| e^{θ/2},   |H(t)| = |H| √|z| e^{−θ/2},   signs unchanged.
+
+    Horizontal velocities (``ξ_G/G = ξ_H/H = b``) give ``c = 0`` and
+    ``(G, H)(t) = (G, H) √(1 + 2 b t)``: the geodesic is **incomplete**, it reaches
+    ``G = H = 0`` (where the metric degenerates) at ``t = −1/(2b)`` when ``b < 0``.  Every
+    other geodesic (``c ≠ 0``) misses the tip and is defined for all t.  Reaching the tip
+    exactly at ``t`` is allowed (the end point ``(0, 0)``); asking for a time past the end
+    raises ``ValueError``.
+    """
+    if G.shape[-2:] != (1, 1) or H.shape[-2:] != (1, 1):
+        raise ValueError("exact_geodesic_gl1_mixed needs scalar pairs, G and H of shape (B, 1, 1); "
+                         f"got {tuple(G.shape)} and {tuple(H.shape)}")
+    if bool((G == 0).any()) or bool((H == 0).any()):
+        raise ValueError("the mixed-metric geodesic needs G != 0 and H != 0 (full column rank)")
+    bg, bh = xG / G, xH / H
+    a, c = bg + bh, bg - bh
+    re, im = 1.0 + t * a, t * c
+    # a velocity meant to end exactly at the tip (b = −1/(2t)) may land a few ulps past it
+    tol = 8 * torch.finfo(re.dtype).eps * (1.0 + (t * a).abs())
+    at_tip = (im == 0) & (re < 0) & (re >= -tol)
+    re = torch.where(at_tip, torch.zeros_like(re), re)
+    ended = (im == 0) & (re < 0)
+    if bool(ended.any()):
+        raise ValueError(
+            f"{int(ended.sum())} geodesic(s) of the mixed metric end at G = H = 0 before t = {t}: "
+            "a horizontal velocity with ξ_G/G = ξ_H/H < −1/(2t) leaves the domain. Keep "
+            "perturbations inside the geodesic ball (ξ_G/G ≥ −1/(2t)) or use a smaller radius.")
+    mod = torch.hypot(re, im)
+    theta = torch.atan2(im, re)
+    half = torch.exp(0.5 * theta)
+    root = mod.sqrt()
+    return G * root * half, H * root / half
