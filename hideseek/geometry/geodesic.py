@@ -60,30 +60,36 @@ class RankLossMonitor:
     """Refuses (``ValueError``, one line) an integrated geodesic of an incomplete metric that
     runs into a rank-deficient pair: at a point it is called with, the smallest eigenvalue
     of ``GᵀG`` or ``HᵀH`` below ``RANK_LOSS_FRACTION`` of its value at the start
-    (``S − floor·I`` not positive definite: a batched float64 Cholesky, no host sync).
-    :meth:`check` raises if a point failed: one host sync per integration."""
+    (``S − floor·I`` not positive definite).  Calls only collect the points' h × h Gram
+    matrices; :meth:`check` tests them all in one batched float64 Cholesky and raises if one
+    failed: one host sync per integration."""
 
     def __init__(self, G: Tensor, H: Tensor, fraction: float | None = None) -> None:
         lg, lh = gram_min_eigenvalues(G, H)
         f = RANK_LOSS_FRACTION if fraction is None else fraction
         self.floor_G, self.floor_H = (f * lg)[:, None, None], (f * lh)[:, None, None]
-        self.bad = torch.zeros(lg.shape, dtype=torch.bool, device=lg.device)
-
-    @staticmethod
-    def _below(X: Tensor, floor: Tensor) -> Tensor:
-        X = X.detach().double()
-        S = _t(X) @ X
-        eye = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
-        return torch.linalg.cholesky_ex(S - floor * eye)[1] != 0
+        self.grams: list[tuple[Tensor, Tensor]] = []
 
     def __call__(self, G: Tensor, H: Tensor, t: float) -> None:
-        with torch.no_grad():
-            self.bad |= self._below(G, self.floor_G) | self._below(H, self.floor_H)
+        with torch.no_grad():      # the h × h Gram matrices only (the points stay with autograd)
+            G, H = G.detach(), H.detach()
+            self.grams.append((_t(G) @ G, _t(H) @ H))
 
     def check(self, t: float) -> None:
-        if bool(self.bad.any()):
+        if not self.grams:
+            return
+        k = len(self.grams)
+        with torch.no_grad():     # every point of the path in one batched test
+            SG = torch.cat([a for a, _ in self.grams]).double()
+            SH = torch.cat([b for _, b in self.grams]).double()
+            eye = torch.eye(SG.shape[-1], dtype=SG.dtype, device=SG.device)
+            bad = (torch.linalg.cholesky_ex(SG - self.floor_G.repeat(k, 1, 1) * eye)[1] != 0) \
+                | (torch.linalg.cholesky_ex(SH - self.floor_H.repeat(k, 1, 1) * eye)[1] != 0)
+            bad = bad.reshape(k, -1).any(0)
+        self.grams = []
+        if bool(bad.any()):
             raise ValueError(
-                f"{int(self.bad.sum())} geodesic(s) of the mixed metric reach a rank-deficient pair (GᵀG or HᵀH "
+                f"{int(bad.sum())} geodesic(s) of the mixed metric reach a rank-deficient pair (GᵀG or HᵀH "
                 f"loses rank) before t = {t:.3g}: the geodesic ball ends before the radius (as for GL(1), "
                 "exact_geodesic_gl1_mixed). Use a smaller rho, or step='second_order'.")
 
@@ -103,29 +109,31 @@ def rk4_geodesic(accel: Accel, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, ste
     if steps < 1:
         raise ValueError(f"the number of RK4 steps must be >= 1, got {steps}")
     dt = t / steps
+    add = torch.add                  # x + c·y in one kernel: the step is many small tensor ops
     g, h, vg, vh = G, H, xG, xH
     points, velocities = [(g, h)], [(vg, vh)]
     for k in range(steps):
         a1 = first_accel if (k == 0 and first_accel is not None) else accel(g, h, vg, vh)
-        g2, h2 = g + 0.5 * dt * vg, h + 0.5 * dt * vh
-        vg2, vh2 = vg + 0.5 * dt * a1[0], vh + 0.5 * dt * a1[1]
+        g2, h2 = add(g, vg, alpha=0.5 * dt), add(h, vh, alpha=0.5 * dt)
+        vg2, vh2 = add(vg, a1[0], alpha=0.5 * dt), add(vh, a1[1], alpha=0.5 * dt)
         if monitor is not None:
             monitor(g2, h2, (k + 0.5) * dt)
         a2 = accel(g2, h2, vg2, vh2)
-        g3, h3 = g + 0.5 * dt * vg2, h + 0.5 * dt * vh2
-        vg3, vh3 = vg + 0.5 * dt * a2[0], vh + 0.5 * dt * a2[1]
+        g3, h3 = add(g, vg2, alpha=0.5 * dt), add(h, vh2, alpha=0.5 * dt)
+        vg3, vh3 = add(vg, a2[0], alpha=0.5 * dt), add(vh, a2[1], alpha=0.5 * dt)
         if monitor is not None:
             monitor(g3, h3, (k + 0.5) * dt)
         a3 = accel(g3, h3, vg3, vh3)
-        g4, h4 = g + dt * vg3, h + dt * vh3
-        vg4, vh4 = vg + dt * a3[0], vh + dt * a3[1]
+        g4, h4 = add(g, vg3, alpha=dt), add(h, vh3, alpha=dt)
+        vg4, vh4 = add(vg, a3[0], alpha=dt), add(vh, a3[1], alpha=dt)
         if monitor is not None:
             monitor(g4, h4, (k + 1) * dt)
         a4 = accel(g4, h4, vg4, vh4)
-        g = g + (dt / 6) * (vg + 2 * vg2 + 2 * vg3 + vg4)
-        h = h + (dt / 6) * (vh + 2 * vh2 + 2 * vh3 + vh4)
-        vg = vg + (dt / 6) * (a1[0] + 2 * a2[0] + 2 * a3[0] + a4[0])
-        vh = vh + (dt / 6) * (a1[1] + 2 * a2[1] + 2 * a3[1] + a4[1])
+        # x + dt/6 (k1 + 2 k2 + 2 k3 + k4)
+        g = add(g, add(vg + vg4, vg2 + vg3, alpha=2.0), alpha=dt / 6)
+        h = add(h, add(vh + vh4, vh2 + vh3, alpha=2.0), alpha=dt / 6)
+        vg = add(vg, add(a1[0] + a4[0], a2[0] + a3[0], alpha=2.0), alpha=dt / 6)
+        vh = add(vh, add(a1[1] + a4[1], a2[1] + a3[1], alpha=2.0), alpha=dt / 6)
         if monitor is not None:
             monitor(g, h, (k + 1) * dt)
         if trajectory:

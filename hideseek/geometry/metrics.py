@@ -77,8 +77,10 @@ def _generalised_eigh(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _inv64(S: Tensor) -> Tensor:
-    """Inverse of a batch of small SPD matrices, computed in float64 (differentiable)."""
-    return torch.linalg.inv(S.double()).to(S.dtype)
+    """Inverse of a batch of small SPD matrices at a moving point (differentiable), in the
+    working dtype: the Gram matrix itself is formed in that dtype, so a float64 inverse
+    would add two conversions (and their backward) per call without more accuracy."""
+    return torch.linalg.inv(S)
 
 
 def gram(G: Tensor, H: Tensor, eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
