@@ -83,6 +83,21 @@ class SharpnessResult:
     #: the random start), then the random ones; ``per_batch`` is each batch's maximum.  One
     #: entry per batch (the value) for the average case and ``restarts=1``.
     restart_values: list[list[float]] = field(default_factory=list)
+    #: how the ranks of a ``torch.distributed`` process group took part
+    #: (:mod:`hideseek.distributed`): ``"none"`` (one process, or ``distributed=False``),
+    #: ``"data"`` (each rank measured its own batches; results gathered) or ``"sharded"``
+    #: (FSDP2: every rank took part in every batch, the model's weights sharded)
+    parallel: str = "none"
+    #: ranks in the process group whose batches the result covers (1 when not combined)
+    world_size: int = 1
+    #: whether ``per_batch`` holds every rank's batches (rank 0's first), the same result on
+    #: every rank
+    combined: bool = False
+    #: batches each rank brought, in rank order (empty when not combined)
+    batches_per_rank: list[int] = field(default_factory=list)
+    #: the collectives hideseek itself called, by name (FSDP2's own all-gathers and
+    #: reduce-scatters inside each pass not counted): docs/architecture.md, "Ranks"
+    collectives: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -441,12 +456,16 @@ class Settings:
     callback: Callable[[SolverStep], Any] | None = None
     low_memory: bool | None = None
     restarts: int = 1
+    distributed: bool | str = "auto"
 
     def check(self, measure: Measure) -> None:
         """The settings are valid for ``measure`` (one-line errors)."""
         _check_settings(measure, self.rho, self.n_iters, self.n_samples, self.seed)
         _check_restarts(self.restarts)
         _check_low_memory(self.low_memory)
+        if not (isinstance(self.distributed, bool) or (isinstance(self.distributed, str)
+                                                       and self.distributed == "auto")):
+            raise ValueError(f"distributed must be 'auto', True or False, got {self.distributed!r}")
 
 
 #: every keyword an entry point takes: the settings, then the measure's keyword form
@@ -527,6 +546,12 @@ class SharpnessProblem:
         _check_weights(model, self.perturb)
         self.data = check_batches(batches)
         self.model = model
+        from .distributed import ShardedModel, parallel_mode   # (the ranks' module builds on this one)
+
+        #: ``"none"``, ``"data"`` or ``"sharded"``: how :meth:`run` uses a process group
+        self.parallel = parallel_mode(model, settings.distributed)
+        #: the sharded model's local shards and collectives (FSDP2), else ``None``
+        self.shards = ShardedModel(model) if self.parallel == "sharded" else None
         self.loss: Loss | None = None
         self.geometry: ProductGeometry | None = None
         self.blocks: list[SymmetryBlock] = []
@@ -548,12 +573,19 @@ class SharpnessProblem:
         all_params = {n: p_.detach() for n, p_ in model.named_parameters()}
         x0, y0 = _to(self.data[0][0], device), _to(self.data[0][1], device)
         self.loss = Loss(model, s.loss_fn, _check_amp(model, s.autocast, self.perturb), device)
-        self._loss0, self._setup_grads = _setup_pass(self.loss, all_params, x0, y0, self.perturb, s.checks)
+        if self.shards is None:
+            self._loss0, self._setup_grads = _setup_pass(self.loss, all_params, x0, y0, self.perturb, s.checks)
+        else:   # FSDP2: the pass runs through the sharded model (hideseek.distributed)
+            self._loss0, self._setup_grads = self.shards.setup_pass(self.loss, x0, y0, self.perturb, s.checks)
         used = set(self._setup_grads)
         self.blocks = _symmetry_blocks(model, self.measure, all_params, used, s.pairs, s.on_unsupported,
                                        self.exclude)
         params = {n: all_params[n] for n in all_params if n in used}
-        self.geometry = self.measure.geometry_at(params, self.blocks)
+        if self.shards is None:
+            self.geometry = self.measure.geometry_at(params, self.blocks)
+        else:   # local shards for free parameters, pairs gathered; the set-up gradient likewise
+            self.geometry, self._setup_grads = self.shards.geometry(self.measure, list(params), self.blocks,
+                                                                    self._setup_grads)
         self.perturbed = list(params)
         self.n_perturbed = sum(t.numel() for t in params.values())
         return self
@@ -605,6 +637,8 @@ class SharpnessProblem:
 
     def objective(self, x, y) -> "BatchObjective":
         """The loss on one batch (already on the device) as a function of the perturbation."""
+        if self.shards is not None:
+            return self.shards.objective(self.loss, self.geometry, x, y)
         return BatchObjective(self.loss, self.geometry, x, y, trim=self.trim)
 
     def measure_batch(self, i: int, x=None, y=None, *, index: int | None = None,
@@ -682,7 +716,7 @@ class SharpnessProblem:
         return SharpnessResult(
             value=sum(values) / len(values), per_batch=values, base_losses=[r.base for r in records],
             name=measure.name, config=config, seconds=seconds,
-            n_perturbed=self.geometry.dimension(),
+            n_perturbed=self.geometry.dimension() if self.shards is None else self.shards.dimension(self.geometry),
             pairs=[d for b in self.blocks for d in b.describe()], correction_ratio=ratios,
             solver=list(solver), measure=measure, norm_share=_mean_shares(shares),
             restart_values=[list(r.starts) for r in records],
@@ -690,7 +724,12 @@ class SharpnessProblem:
 
     # ------------------------------------------------------------------ all of it
     def run(self) -> SharpnessResult:
-        """Set up, measure every batch, assemble: what :func:`hideseek.sharpness` returns."""
+        """Set up, measure every batch, assemble: what :func:`hideseek.sharpness` returns.
+        In a process group the ranks' batches are combined (:mod:`hideseek.distributed`)."""
+        if self.parallel != "none":
+            from .distributed import run_ranks
+
+            return run_ranks(self)
         t_start = time.perf_counter()
         self.set_up()
         records, solver = [], []
