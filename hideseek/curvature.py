@@ -1,0 +1,494 @@
+r"""The Riemannian Hessian of the loss on the quotient, as a linear operator (docs/maths.md §14).
+
+>>> H = hs.RiemannianHessian(model, batches, hs.Measure(metric="mixed"))      # doctest: +SKIP
+>>> H.trace()                    # exact: one product per dimension (small models)  # doctest: +SKIP
+>>> H.trace("hutch++", n_probes=99, seed=0)      # estimate and standard error  # doctest: +SKIP
+>>> H.eigenvalues(3)             # the top 3, Lanczos (scipy's eigsh)             # doctest: +SKIP
+>>> hs.EuclideanHessian(model, batches).trace()  # the plain Hessian, same code   # doctest: +SKIP
+
+The loss is ``f(θ) = (1/N) Σ_b L_b(θ)``, the mean over the ``N`` batches of each batch's
+loss.  The operator lives on the perturbation space of a measure
+(:class:`~hideseek.geometry.space.ProductGeometry`): the GL(h) pairs with the invariant or
+mixed metric and horizontal tangent vectors, every other parameter with the adaptive metric
+``Σ ξ_i² / θ_i²`` (``geometry="geodesic"`` or ``"adaptive"``) or the plain one
+(``geometry="euclidean"``: then the operator *is* the Euclidean Hessian).  At a tangent
+vector ξ (§14)::
+
+    lift(Hess f[ξ]) = P^h( g⁻¹ ∇²f ξ + (D_ξ g⁻¹) ∇f + Γ(ξ, g⁻¹ ∇f) )
+
+one Euclidean Hessian-vector product (double backward through the loss, in the tangent
+coordinates of the geometry), the derivative of the inverse metric along ξ, the connection
+term (the Christoffel contraction of the geometry, polarised:
+``Γ(ξ, V) = ½ (Γ(ξ+V, ξ+V) − Γ(ξ, ξ) − Γ(V, V))``) and the horizontal projection.  The input
+is projected onto the horizontal space first, so vertical directions map to 0 and the
+operator is self-adjoint in ``g`` on the whole tangent space.
+
+Layouts.  A tangent vector is the geometry's list of tensors (``[ξ_G, ξ_H]`` per stack of
+pairs of one shape, ``(B, n, h)`` and ``(B, m, h)``, then one tensor per free parameter, in
+:attr:`RiemannianHessian.layout` order), or a flat vector: the same tensors flattened
+row-major and concatenated in that order (:meth:`RiemannianHessian.flatten`,
+:meth:`RiemannianHessian.unflatten`).  :meth:`RiemannianHessian.to_scipy` works in
+metric-whitened coordinates ``w = g^{1/2} ξ`` (flat), where the operator is a symmetric
+matrix ``A = g^{1/2} Hess g^{-1/2}`` whose non-zero eigenvalues are the Hessian's and whose
+trace is its trace; the vertical directions give ``dim V`` extra zero eigenvalues.
+
+What the operator depends on: the measure's geometry, metric and ε only (not its step, ball
+radius, ℓ2/ℓ∞ or kind).  Refused in one line: ``ball="adaptive"`` (the Christoffel-only
+ablation has no metric on the pairs) and the mixed metric at ε > 0 (its relaxed gradient is
+not the dual of any metric, docs/maths.md §2.1).  At ε > 0 the invariant metric is a true
+metric but not GL(h)-invariant: the operator is then the Hessian on its horizontal
+distribution, not on a quotient.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .geometry.adaptive import AdaptiveGeometry
+from .geometry.euclidean import EuclideanGeometry
+from .geometry.gl import PairGeometry, _t
+from .geometry.space import ProductGeometry
+from .inputs import SharpnessInputError, to_device
+from .measures import Measure
+from .symmetries.base import SymmetryBlock
+
+Tangent = list[Tensor]
+#: largest dimension for which :meth:`RiemannianHessian.trace` (exact) and
+#: :meth:`RiemannianHessian.dense` run by default (one product per dimension)
+EXACT_MAX_DIM = 20_000
+TRACE_METHODS = ("exact", "hutchinson", "hutch++")
+
+
+@dataclass(frozen=True)
+class TraceEstimate:
+    """A trace: ``value``, its standard error (0 for the exact trace), the number of
+    Hessian-vector products it took and the method (``"exact"``, ``"hutchinson"``,
+    ``"hutch++"``)."""
+
+    value: float
+    stderr: float
+    n_matvecs: int
+    method: str
+
+    def __float__(self) -> float:
+        return self.value
+
+
+# ---------------------------------------------------------------------------- set-up seam
+def _set_up(model, batches, measure: Measure, *, loss_fn, pairs, on_unsupported, exclude, checks):
+    """The checked model, batches and geometry, through the one input layer and set-up of
+    :func:`hideseek.sharpness.sharpness` (its validation, loss closure and symmetry
+    discovery; nothing is duplicated here).  The seam: to be replaced by the public set-up
+    (``hideseek.problem``) once it exists."""
+    import importlib
+
+    _s = importlib.import_module(".sharpness", __package__)   # the module (hs.sharpness is the function)
+    from .inputs import check_batches, check_model, unwrap_model
+
+    model = unwrap_model(model)
+    check_model(model, eval_mode=checks)
+    exclude = _s._check_exclude(exclude, [n for n, _ in model.named_parameters()])
+    perturb = _s._perturbed(model, exclude)
+    _s._check_weights(model, perturb)
+    data = check_batches(batches)
+    setup = _s._set_up(model, data, measure, loss_fn=loss_fn, autocast=None, pairs=pairs,
+                       on_unsupported=on_unsupported, exclude=exclude, checks=checks, perturb=perturb)
+    return model, data, setup
+
+
+def _hessian_measure(measure) -> Measure:
+    """The measure whose geometry the Hessian lives in, with the straight step (the point
+    map ``ξ ↦ θ + ξ`` is then linear, so derivatives in ξ are derivatives in θ)."""
+    m = Measure.parse(measure) if isinstance(measure, str) else measure
+    if not isinstance(m, Measure):
+        raise TypeError(f"measure must be a hs.Measure or its name, got {type(measure).__name__}")
+    if m.geometry == "geodesic":
+        if m.ball != "riemannian":
+            raise ValueError("RiemannianHessian: ball='adaptive' (the Christoffel-only ablation) puts no metric "
+                             "on the pairs; use ball='riemannian' (the default) or geometry='adaptive'")
+        if m.metric == "mixed" and m.eps != 0.0:
+            raise ValueError("RiemannianHessian: the mixed metric at eps > 0 is not the geometry of any metric "
+                             "(docs/maths.md §2.1), so it has no Hessian; use eps=0 or the invariant metric")
+        return m.replace(step="straight", kind="worst")
+    return m.replace(p="l2", kind="worst")
+
+
+# ---------------------------------------------------------------------------- parts
+class _PairOps:
+    """Inverse metric, its derivative, the connection and ``g^{±1/2}`` of one stack of pairs."""
+
+    def __init__(self, pg: PairGeometry) -> None:
+        self.pg = pg
+        MG, MH = (pg.SGi, pg.SHi) if pg.metric == "invariant" else (pg.SH, pg.SG)
+        self.sqrt = (_spd_power(MG, 0.5), _spd_power(MH, 0.5))
+        self.isqrt = (_spd_power(MG, -0.5), _spd_power(MH, -0.5))
+
+    def inv_metric(self, gG: Tensor, gH: Tensor) -> tuple[Tensor, Tensor]:
+        return self.pg.egrad_to_rgrad(gG, gH, project=False)
+
+    def d_inv_metric(self, xG: Tensor, xH: Tensor, gG: Tensor, gH: Tensor) -> tuple[Tensor, Tensor]:
+        """``(D_ξ g⁻¹) ∇``: invariant ``g⁻¹∇ = (∇_G S̃_G, ∇_H S̃_H)``, mixed
+        ``(∇_G S_H⁻¹, ∇_H S_G⁻¹)``, differentiated along ``Ṡ = ξᵀX + Xᵀξ``."""
+        pg = self.pg
+        M, N = _t(xG) @ pg.G, _t(xH) @ pg.H
+        dSG, dSH = M + _t(M), N + _t(N)
+        if pg.metric == "invariant":
+            return gG @ dSG, gH @ dSH
+        return -(gG @ (pg.SHi @ dSH @ pg.SHi)), -(gH @ (pg.SGi @ dSG @ pg.SGi))
+
+    def connection(self, xG, xH, vG, vH, acc_v) -> tuple[Tensor, Tensor]:
+        """``Γ(ξ, V)`` by polarisation of ``Γ(ξ, ξ) = −acceleration(ξ)``; ``acc_v`` is
+        ``acceleration(V)``, computed once."""
+        pg = self.pg
+        sG, sH = pg.acceleration(xG + vG, xH + vH)
+        aG, aH = pg.acceleration(xG, xH)
+        return -0.5 * (sG - aG - acc_v[0]), -0.5 * (sH - aH - acc_v[1])
+
+
+def _spd_power(M: Tensor, p: float) -> Tensor:
+    w, U = torch.linalg.eigh(M.double())
+    return ((U * w.pow(p).unsqueeze(-2)) @ _t(U)).to(M.dtype)
+
+
+def _twice_differentiable():
+    """Scaled-dot-product attention through its plain-math kernel: the fused kernels (flash,
+    memory-efficient) have no double backward."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:   # pragma: no cover (older torch)
+        import contextlib
+
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+# ---------------------------------------------------------------------------- the operator
+class RiemannianHessian:
+    """The Riemannian Hessian of the mean loss on the quotient at the model's weights, as a
+    linear operator on horizontal tangent vectors (module docstring, docs/maths.md §14).
+
+    Parameters
+    ----------
+    model, batches, loss_fn, pairs, on_unsupported, exclude, checks:
+        As for :func:`hideseek.sharpness` (the same checks, loss and symmetry discovery).
+        The loss is the mean over ``batches`` of each batch's loss.
+    measure:
+        A :class:`~hideseek.measures.Measure` or its name: its geometry (``"geodesic"``,
+        ``"adaptive"``, ``"euclidean"``), metric and ε define the operator.
+    """
+
+    def __init__(self, model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,
+                 loss_fn: Callable | None = None, pairs: Sequence[SymmetryBlock] | None = None,
+                 on_unsupported: str = "raise", exclude: Sequence[str] = (), checks: bool = True) -> None:
+        self.measure = _hessian_measure(measure)
+        self.model, data, setup = _set_up(model, batches, self.measure, loss_fn=loss_fn, pairs=pairs,
+                                          on_unsupported=on_unsupported, exclude=exclude, checks=checks)
+        self.loss = setup.loss
+        self.geometry: ProductGeometry = setup.geometry
+        self.blocks = setup.blocks
+        setup.setup_grads = None          # the set-up pass's gradient is not needed here
+        dev = self.loss.device
+        self.batches = [(to_device(x, dev), to_device(y, dev)) for x, y in data]
+        self._pair_ops = [_PairOps(pg) for pg in self.geometry.pairs]
+        self._free: AdaptiveGeometry = self.geometry.adaptive
+        self._euclidean_free = isinstance(self._free, EuclideanGeometry)
+        self.dtype, self.device = self.geometry.dtype, self.geometry.device
+        zeros = self.geometry.zeros()
+        self.shapes = [t.shape for t in zeros]
+        self.dim = sum(t.numel() for t in zeros)
+        # the Euclidean gradient in tangent coordinates and the gradient field V = g⁻¹∇f
+        self.loss_value, self.egrad = self._value_and_grad()
+        self._V = self._inv_metric(self.egrad)
+        self._accV = [ops.pg.acceleration(self._V[2 * i], self._V[2 * i + 1])
+                      for i, ops in enumerate(self._pair_ops)]
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``(label, shape)`` of each tensor of a tangent vector, in order: ``pairs[i].G`` /
+        ``pairs[i].H`` for the i-th stack of pairs (``(B, n, h)`` / ``(B, m, h)``, the maths'
+        ``(in, out)`` orientation, ``B`` over heads and layers), then the free parameters by
+        name.  The flat layout concatenates them flattened row-major in this order."""
+        out = []
+        for i in range(len(self._pair_ops)):
+            out += [(f"pairs[{i}].G", tuple(self.shapes[2 * i])), (f"pairs[{i}].H", tuple(self.shapes[2 * i + 1]))]
+        out += [(n, tuple(s)) for n, s in zip(self._free.names, self.shapes[2 * len(self._pair_ops):])]
+        return out
+
+    def flatten(self, x: Sequence[Tensor]) -> Tensor:
+        """The flat vector (length :attr:`dim`) of a tangent list."""
+        return torch.cat([t.reshape(-1) for t in x]) if len(x) else torch.zeros(0, dtype=self.dtype)
+
+    def unflatten(self, v) -> Tangent:
+        """The tangent list of a flat vector (a tensor or a NumPy array)."""
+        v = torch.as_tensor(v, dtype=self.dtype, device=self.device).reshape(-1)
+        if v.numel() != self.dim:
+            raise ValueError(f"a flat tangent vector has {self.dim} entries (RiemannianHessian.layout), got {v.numel()}")
+        out, start = [], 0
+        for s in self.shapes:
+            n = math.prod(s)
+            out.append(v[start:start + n].reshape(s))
+            start += n
+        return out
+
+    def _as_list(self, x) -> tuple[Tangent, bool]:
+        if isinstance(x, (list, tuple)):
+            if len(x) != len(self.shapes) or any(t.shape != s for t, s in zip(x, self.shapes)):
+                raise ValueError("a tangent list must match RiemannianHessian.layout: shapes "
+                                 f"{[tuple(s) for s in self.shapes]}, got {[tuple(t.shape) for t in x]}")
+            return [t.to(self.dtype) for t in x], False
+        return self.unflatten(x), True
+
+    # ------------------------------------------------------------------ pieces
+    def _split(self, x: Tangent) -> tuple[list[tuple[Tensor, Tensor]], Tangent]:
+        k = len(self._pair_ops)
+        return [(x[2 * i], x[2 * i + 1]) for i in range(k)], list(x[2 * k:])
+
+    def _inv_metric(self, g: Tangent) -> Tangent:
+        pairs, free = self._split(g)
+        out = []
+        for ops, (gG, gH) in zip(self._pair_ops, pairs):
+            out += list(ops.inv_metric(gG, gH))
+        if self._euclidean_free:
+            return out + list(free)
+        return out + [t * t * gi for t, gi in zip(self._free.theta, free)]
+
+    def project(self, x: Tangent) -> Tangent:
+        """The metric-orthogonal projection onto the horizontal space (and zero where a free
+        parameter is exactly 0 under the adaptive metric)."""
+        return self.geometry.project(list(x))
+
+    def inner(self, x: Tangent, y: Tangent) -> Tensor:
+        """The metric inner product ``⟨x, y⟩_g`` at θ (a scalar)."""
+        pairs_x, free_x = self._split(x)
+        pairs_y, free_y = self._split(y)
+        total = torch.zeros((), dtype=self.dtype, device=self.device)
+        for ops, (xG, xH), (yG, yH) in zip(self._pair_ops, pairs_x, pairs_y):
+            total = total + ops.pg.inner(xG, xH, yG, yH).sum()
+        for t, a, b in zip(self._free.theta, free_x, free_y):
+            if self._euclidean_free:
+                total = total + (a * b).sum()
+            else:
+                c = t.abs()
+                total = total + torch.where(c > 0, a * b / torch.where(c > 0, c * c, 1), 0).sum()
+        return total
+
+    def to_whitened(self, x: Tangent) -> Tangent:
+        """``w = g^{1/2} ξ`` (list layout); zero where a free parameter is exactly 0."""
+        pairs, free = self._split(x)
+        out = []
+        for ops, (xG, xH) in zip(self._pair_ops, pairs):
+            out += [xG @ ops.sqrt[0], xH @ ops.sqrt[1]]
+        if self._euclidean_free:
+            return out + list(free)
+        for t, xi in zip(self._free.theta, free):
+            c = t.abs()
+            out.append(torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0))
+        return out
+
+    def from_whitened(self, w: Tangent) -> Tangent:
+        """``ξ = g^{-1/2} w`` (list layout), the inverse of :meth:`to_whitened` off exact zeros."""
+        pairs, free = self._split(w)
+        out = []
+        for ops, (wG, wH) in zip(self._pair_ops, pairs):
+            out += [wG @ ops.isqrt[0], wH @ ops.isqrt[1]]
+        if self._euclidean_free:
+            return out + list(free)
+        return out + [t.abs() * wi for t, wi in zip(self._free.theta, free)]
+
+    # ------------------------------------------------------------------ autograd
+    def _batch_loss(self, z: Tangent, x, y) -> Tensor:
+        return self.loss(self.geometry.point(z), x, y)
+
+    def _value_and_grad(self) -> tuple[float, Tangent]:
+        """``f(θ)`` and ``∇f`` in tangent coordinates (the mean over batches)."""
+        total, grads = 0.0, None
+        for i, (x, y) in enumerate(self.batches):
+            z = [t.requires_grad_(True) for t in self.geometry.zeros()]
+            with torch.enable_grad():
+                loss = self.loss.checked(self.geometry.point(z), x, y, i)
+                g = torch.autograd.grad(loss, z, allow_unused=True)
+            g = [torch.zeros_like(t) if gi is None else gi for t, gi in zip(z, g)]
+            total += float(loss.detach())
+            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+        n = len(self.batches)
+        return total / n, [g / n for g in grads]
+
+    def euclidean_hvp(self, xi: Tangent) -> Tangent:
+        """``∇²f ξ`` in tangent coordinates (no metric, no projection): per batch one
+        forward pass, a backward pass that keeps its graph and a second backward pass."""
+        out = None
+        for x, y in self.batches:
+            z = [t.requires_grad_(True) for t in self.geometry.zeros()]
+            with torch.enable_grad(), _twice_differentiable():
+                loss = self._batch_loss(z, x, y)
+                g = torch.autograd.grad(loss, z, create_graph=True, allow_unused=True)
+                used = [i for i, gi in enumerate(g) if gi is not None and gi.requires_grad]
+                hv = torch.autograd.grad([g[i] for i in used], z, [xi[i] for i in used], allow_unused=True) \
+                    if used else [None] * len(z)
+            hv = [torch.zeros_like(t) if h is None else h.detach() for t, h in zip(z, hv)]
+            out = hv if out is None else [a + b for a, b in zip(out, hv)]
+        n = len(self.batches)
+        return [h / n for h in out]
+
+    # ------------------------------------------------------------------ the operator
+    def covariant_derivative(self, xi: Tangent) -> Tangent:
+        """``∇̄_ξ grad f̄ = g⁻¹∇²f ξ + (D_ξ g⁻¹)∇f + Γ(ξ, g⁻¹∇f)``: the total-space
+        Riemannian Hessian applied to ξ, *without* any projection (list layout)."""
+        xi = list(xi)
+        hv = self._inv_metric(self.euclidean_hvp(xi))
+        pairs_x, free_x = self._split(xi)
+        pairs_g, free_g = self._split(self.egrad)
+        pairs_v, free_v = self._split(self._V)
+        out: Tangent = []
+        for i, ops in enumerate(self._pair_ops):
+            (xG, xH), (gG, gH), (vG, vH) = pairs_x[i], pairs_g[i], pairs_v[i]
+            dG, dH = ops.d_inv_metric(xG, xH, gG, gH)
+            cG, cH = ops.connection(xG, xH, vG, vH, self._accV[i])
+            out += [hv[2 * i] + dG + cG, hv[2 * i + 1] + dH + cH]
+        k = 2 * len(self._pair_ops)
+        if self._euclidean_free:
+            return out + hv[k:]
+        # adaptive metric diag(1/θ²): (D_ξ g⁻¹)∇f = 2θξ∇f and Γ(ξ, V) = −ξV/θ with V = θ²∇f
+        for t, h, x, g in zip(self._free.theta, hv[k:], free_x, free_g):
+            out.append(h + t * x * g)
+        return out
+
+    def matvec(self, x):
+        """``lift(Hess f[P^h ξ])`` for ξ in the list or the flat layout (the result in the same
+        layout)."""
+        xs, flat = self._as_list(x)
+        out = self.project(self.covariant_derivative(self.project(xs)))
+        return self.flatten(out) if flat else out
+
+    __call__ = matvec
+
+    def matmat(self, X):
+        """The operator applied to each column of a ``(dim, k)`` matrix (flat layout), or to
+        each tangent list of a sequence."""
+        if isinstance(X, (list, tuple)):
+            return [self.matvec(x) for x in X]
+        X = torch.as_tensor(X, dtype=self.dtype, device=self.device)
+        if X.dim() != 2 or X.shape[0] != self.dim:
+            raise ValueError(f"matmat takes a ({self.dim}, k) matrix, got shape {tuple(X.shape)}")
+        return torch.stack([self.matvec(X[:, j]) for j in range(X.shape[1])], dim=1)
+
+    def whitened_matvec(self, w: Tensor) -> Tensor:
+        """``A w = g^{1/2} Hess(g^{-1/2} w)`` (flat): the symmetric form of the operator."""
+        xs = self.from_whitened(self.unflatten(w))
+        return self.flatten(self.to_whitened(self.matvec(xs)))
+
+    def to_scipy(self):
+        """A ``scipy.sparse.linalg.LinearOperator`` (float64, shape ``(dim, dim)``) of the
+        symmetric form ``A = g^{1/2} Hess g^{-1/2}`` in whitened coordinates ``w = g^{1/2} ξ``
+        (flat layout): same trace and non-zero eigenvalues as the Hessian, 0 on the vertical
+        directions.  Needs SciPy (imported here; not a dependency of the library)."""
+        try:
+            from scipy.sparse.linalg import LinearOperator
+        except ImportError as err:   # pragma: no cover
+            raise ImportError("RiemannianHessian.to_scipy needs SciPy: pip install scipy") from err
+        import numpy as np
+
+        def mv(v):
+            w = torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(-1), device=self.device).to(self.dtype)
+            return self.whitened_matvec(w).detach().to("cpu", torch.float64).numpy()
+
+        return LinearOperator((self.dim, self.dim), matvec=mv, rmatvec=mv, dtype=np.float64)
+
+    # ------------------------------------------------------------------ spectral
+    def dense(self, max_dim: int = EXACT_MAX_DIM) -> Tensor:
+        """The symmetric ``(dim, dim)`` matrix ``A`` of :meth:`to_scipy` (one product per column)."""
+        self._check_dim(max_dim, "dense")
+        eye = torch.eye(self.dim, dtype=self.dtype, device=self.device)
+        A = torch.stack([self.whitened_matvec(eye[:, j]) for j in range(self.dim)], dim=1)
+        return 0.5 * (A + A.T)
+
+    def _check_dim(self, max_dim: int, what: str) -> None:
+        if self.dim > max_dim:
+            raise ValueError(f"RiemannianHessian.{what} takes one product per dimension and the space has "
+                             f"{self.dim} > max_dim={max_dim}; use trace('hutch++', n_probes=...) or "
+                             "eigenvalues(k), or raise max_dim")
+
+    def trace(self, method: str = "exact", n_probes: int = 99, seed: int = 0,
+              max_dim: int = EXACT_MAX_DIM) -> TraceEstimate:
+        """The trace of the Hessian on the horizontal space (docs/maths.md §14).
+
+        ``"exact"``: ``Σ_i ⟨e_i, Hess e_i⟩_g`` over a g-orthonormal basis ``e_i = g^{-1/2} u_i``
+        of the tangent space (``u_i`` the standard basis of the whitened coordinates; the
+        vertical directions contribute 0), ``dim`` products.  ``"hutchinson"``: the mean of
+        ``⟨z, Hess z⟩_g`` over ``n_probes`` probes ``z = P^h g^{-1/2} ε``, ε Rademacher, so
+        that ``E[z ⊗ z]`` is the inverse metric on the horizontal space; ``"hutch++"``
+        (Meyer et al. 2021): ``n_probes`` products in all, a third sketching the top of the
+        spectrum exactly, a third for its range, a third for Hutchinson on the rest.  The
+        standard error is the probes' sample standard deviation over √(number of probes)
+        (0 for the exact trace)."""
+        if method not in TRACE_METHODS:
+            raise ValueError(f"trace method must be one of {TRACE_METHODS}, got {method!r}")
+        if method == "exact":
+            self._check_dim(max_dim, "trace")
+            eye = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
+            total = 0.0
+            for j in range(self.dim):
+                eye[j] = 1.0
+                total += float(self.whitened_matvec(eye)[j])
+                eye[j] = 0.0
+            return TraceEstimate(total, 0.0, self.dim, "exact")
+        if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < (3 if method == "hutch++" else 2):
+            raise ValueError(f"n_probes must be an integer >= {3 if method == 'hutch++' else 2} for {method}, "
+                             f"got {n_probes!r}")
+        gen = torch.Generator().manual_seed(int(seed))
+
+        def rademacher(k):
+            r = torch.randint(0, 2, (self.dim, k), generator=gen, dtype=torch.int64)
+            return (2 * r - 1).to(self.dtype).to(self.device)
+
+        if method == "hutchinson":
+            E = rademacher(n_probes)
+            vals = torch.stack([E[:, j] @ self.whitened_matvec(E[:, j]) for j in range(n_probes)])
+            return TraceEstimate(float(vals.mean()), float(vals.std(unbiased=True)) / math.sqrt(n_probes),
+                                 n_probes, "hutchinson")
+        k = n_probes // 3
+        r = n_probes - 2 * k               # Hutchinson probes on the rest (≥ k)
+        S = rademacher(k)
+        AS = torch.stack([self.whitened_matvec(S[:, j]) for j in range(k)], dim=1)
+        Q, _ = torch.linalg.qr(AS)
+        AQ = torch.stack([self.whitened_matvec(Q[:, j]) for j in range(k)], dim=1)
+        top = float(torch.trace(Q.T @ AQ))
+        E = rademacher(r)
+        vals = []
+        for j in range(r):
+            e = E[:, j] - Q @ (Q.T @ E[:, j])
+            vals.append(e @ self.whitened_matvec(e))
+        vals = torch.stack(vals)
+        se = float(vals.std(unbiased=True)) / math.sqrt(r) if r > 1 else float("nan")
+        return TraceEstimate(top + float(vals.mean()), se, 2 * k + r, "hutch++")
+
+    def eigenvalues(self, k: int = 1, which: str = "LA", tol: float = 0.0, seed: int = 0):
+        """The ``k`` eigenvalues of largest value (``which="LA"``; ``"SA"`` smallest, ``"LM"``
+        largest magnitude — the vertical directions add zeros) by Lanczos
+        (``scipy.sparse.linalg.eigsh`` on :meth:`to_scipy`), in descending order (NumPy)."""
+        import numpy as np
+        from scipy.sparse.linalg import eigsh
+
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < self.dim:
+            raise ValueError(f"k must be an integer with 1 <= k < dim = {self.dim}, got {k!r}")
+        v0 = np.random.default_rng(seed).standard_normal(self.dim)
+        vals = eigsh(self.to_scipy(), k=k, which=which, tol=tol, v0=v0, return_eigenvectors=False)
+        return np.sort(vals)[::-1]
+
+
+class EuclideanHessian(RiemannianHessian):
+    """The plain Hessian ``∇²f`` of the same loss from the same code (the Euclidean geometry:
+    identity metric, no connection, no projection), for comparison."""
+
+    def __init__(self, model: nn.Module, batches: Iterable, *, loss_fn: Callable | None = None,
+                 exclude: Sequence[str] = (), checks: bool = True) -> None:
+        super().__init__(model, batches, Measure(geometry="euclidean"), loss_fn=loss_fn, exclude=exclude,
+                         checks=checks)
+
+
+__all__ = ["EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate", "SharpnessInputError"]
