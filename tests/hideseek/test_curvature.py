@@ -255,11 +255,11 @@ def test_hutchinson_and_hutchpp_converge_to_the_exact_trace():
     like 1/√probes; Hutch++ with a sketch at least the dimension is exact."""
     Hop = RiemannianHessian(FactorNet(), _factor_data(), hs.Measure(), pairs=FACTOR_PAIR)
     exact = Hop.trace().value
-    small, large = Hop.trace("hutchinson", n_probes=40, seed=0), Hop.trace("hutchinson", n_probes=640, seed=1)
+    small, large = Hop.trace("hutchinson", n_probes=40, seed=0), Hop.trace("hutchinson", n_probes=400, seed=1)
     for est in (small, large):
         assert abs(est.value - exact) <= 4 * est.stderr
-    assert large.stderr < small.stderr / 2.5                      # √16 = 4 in expectation
-    assert large.n_matvecs == 640 and large.method == "hutchinson"
+    assert large.stderr < small.stderr / 2                        # √10 in expectation
+    assert large.n_matvecs == 400 and large.method == "hutchinson"
     pp = Hop.trace("hutch++", n_probes=3 * Hop.dim, seed=0)       # sketch spans the whole space
     assert pp.value == pytest.approx(exact, rel=1e-9, abs=1e-12)
     pp = Hop.trace("hutch++", n_probes=30, seed=2)
