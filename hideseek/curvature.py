@@ -176,6 +176,13 @@ class RiemannianHessian:
     model, batches, loss_fn, pairs, on_unsupported, exclude, checks:
         As for :func:`hideseek.sharpness` (the same checks, loss and symmetry discovery).
         The loss is the mean over ``batches`` of each batch's loss.
+    keep_graph:
+        Keep each batch's gradient graph between products: a product is then one backward
+        pass instead of a forward and two backward passes, at the memory of one graph per
+        batch.  Values are the same either way.
+    chunk:
+        Products whose Hessian-vector products share one (vectorised) backward pass in
+        :meth:`matmat`, :meth:`trace` and :meth:`dense`.
     measure:
         A :class:`~hideseek.measures.Measure` or its name: its geometry (``"geodesic"``,
         ``"adaptive"``, ``"euclidean"``), metric and ε define the operator.
@@ -183,7 +190,12 @@ class RiemannianHessian:
 
     def __init__(self, model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,
                  loss_fn: Callable | None = None, pairs: Sequence[SymmetryBlock] | None = None,
-                 on_unsupported: str = "raise", exclude: Sequence[str] = (), checks: bool = True) -> None:
+                 on_unsupported: str = "raise", exclude: Sequence[str] = (), checks: bool = True,
+                 keep_graph: bool = False, chunk: int = 16) -> None:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be a positive integer (products per backward pass), got {chunk!r}")
+        self.chunk = chunk
+        self._graphs: dict | None = {} if keep_graph else None
         self.measure = _hessian_measure(measure)
         self.model, data, setup = _set_up(model, batches, self.measure, loss_fn=loss_fn, pairs=pairs,
                                           on_unsupported=on_unsupported, exclude=exclude, checks=checks)
@@ -318,29 +330,65 @@ class RiemannianHessian:
         n = len(self.batches)
         return total / n, [g / n for g in grads]
 
-    def euclidean_hvp(self, xi: Tangent) -> Tangent:
-        """``∇²f ξ`` in tangent coordinates (no metric, no projection): per batch one
-        forward pass, a backward pass that keeps its graph and a second backward pass."""
-        out = None
-        for x, y in self.batches:
-            z = [t.requires_grad_(True) for t in self.geometry.zeros()]
+    def _graph(self, b: int, x, y) -> tuple[Tangent, list[int], list[Tensor]]:
+        """Batch ``b``'s gradient with its graph, ``(z, used, ∂L/∂z[used])`` (kept between
+        products with ``keep_graph``)."""
+        if self._graphs is not None and b in self._graphs:
+            return self._graphs[b]
+        z = [t.requires_grad_(True) for t in self.geometry.zeros()]
+        with torch.enable_grad(), _twice_differentiable():
+            loss = self._batch_loss(z, x, y)
+            g = torch.autograd.grad(loss, z, create_graph=True, allow_unused=True)
+        used = [i for i, gi in enumerate(g) if gi is not None and gi.requires_grad]
+        out = (z, used, [g[i] for i in used])
+        if self._graphs is not None:
+            self._graphs[b] = out
+        return out
+
+    def euclidean_hvps(self, xis: Sequence[Tangent]) -> list[Tangent]:
+        """``∇²f ξ`` in tangent coordinates (no metric, no projection) for each ξ of ``xis``:
+        per batch one forward pass and a backward pass that keeps its graph (once, with
+        ``keep_graph``), then one more backward pass for all of ``xis`` together
+        (``is_grads_batched``; one at a time where an operation cannot be batched)."""
+        k = len(xis)
+        out = [[torch.zeros(s, dtype=self.dtype, device=self.device) for s in self.shapes] for _ in range(k)]
+        keep = self._graphs is not None
+        for b, (x, y) in enumerate(self.batches):
+            z, used, g = self._graph(b, x, y)
+            if not used:
+                continue
             with torch.enable_grad(), _twice_differentiable():
-                loss = self._batch_loss(z, x, y)
-                g = torch.autograd.grad(loss, z, create_graph=True, allow_unused=True)
-                used = [i for i, gi in enumerate(g) if gi is not None and gi.requires_grad]
-                hv = torch.autograd.grad([g[i] for i in used], z, [xi[i] for i in used], allow_unused=True) \
-                    if used else [None] * len(z)
-            hv = [torch.zeros_like(t) if h is None else h.detach() for t, h in zip(z, hv)]
-            out = hv if out is None else [a + b for a, b in zip(out, hv)]
+                hvs = None
+                if k > 1:
+                    try:
+                        hv = torch.autograd.grad(g, [z[i] for i in range(len(z))],
+                                                 [torch.stack([xi[i] for xi in xis]) for i in used],
+                                                 retain_graph=True, allow_unused=True, is_grads_batched=True)
+                        hvs = [[None if h is None else h[j] for h in hv] for j in range(k)]
+                    except RuntimeError:    # an operation without a batching rule
+                        hvs = None
+                if hvs is None:
+                    hvs = [torch.autograd.grad(g, z, [xi[i] for i in used], retain_graph=keep or j < k - 1,
+                                               allow_unused=True) for j, xi in enumerate(xis)]
+            for acc, hv in zip(out, hvs):
+                for t, h in zip(acc, hv):
+                    if h is not None:
+                        t.add_(h.detach())
         n = len(self.batches)
-        return [h / n for h in out]
+        return [[t / n for t in acc] for acc in out]
+
+    def euclidean_hvp(self, xi: Tangent) -> Tangent:
+        """``∇²f ξ`` in tangent coordinates (no metric, no projection)."""
+        return self.euclidean_hvps([list(xi)])[0]
 
     # ------------------------------------------------------------------ the operator
     def covariant_derivative(self, xi: Tangent) -> Tangent:
         """``∇̄_ξ grad f̄ = g⁻¹∇²f ξ + (D_ξ g⁻¹)∇f + Γ(ξ, g⁻¹∇f)``: the total-space
         Riemannian Hessian applied to ξ, *without* any projection (list layout)."""
-        xi = list(xi)
-        hv = self._inv_metric(self.euclidean_hvp(xi))
+        return self._covariant(list(xi), self.euclidean_hvp(xi))
+
+    def _covariant(self, xi: Tangent, ehv: Tangent) -> Tangent:
+        hv = self._inv_metric(ehv)
         pairs_x, free_x = self._split(xi)
         pairs_g, free_g = self._split(self.egrad)
         pairs_v, free_v = self._split(self._V)
@@ -367,20 +415,37 @@ class RiemannianHessian:
 
     __call__ = matvec
 
+    def _matvecs(self, xs: Sequence[Tangent]) -> list[Tangent]:
+        """The operator on several tangent lists, their Hessian-vector products batched in
+        chunks of :attr:`chunk`."""
+        out = []
+        for s in range(0, len(xs), self.chunk):
+            ps = [self.project(x) for x in xs[s:s + self.chunk]]
+            hvs = self.euclidean_hvps(ps)
+            out += [self.project(self._covariant(p, hv)) for p, hv in zip(ps, hvs)]
+        return out
+
     def matmat(self, X):
         """The operator applied to each column of a ``(dim, k)`` matrix (flat layout), or to
-        each tangent list of a sequence."""
+        each tangent list of a sequence; the Hessian-vector products of :attr:`chunk` columns
+        share one backward pass."""
         if isinstance(X, (list, tuple)):
-            return [self.matvec(x) for x in X]
+            return self._matvecs([self._as_list(x)[0] for x in X])
         X = torch.as_tensor(X, dtype=self.dtype, device=self.device)
         if X.dim() != 2 or X.shape[0] != self.dim:
             raise ValueError(f"matmat takes a ({self.dim}, k) matrix, got shape {tuple(X.shape)}")
-        return torch.stack([self.matvec(X[:, j]) for j in range(X.shape[1])], dim=1)
+        outs = self._matvecs([self.unflatten(X[:, j]) for j in range(X.shape[1])])
+        return torch.stack([self.flatten(o) for o in outs], dim=1)
 
     def whitened_matvec(self, w: Tensor) -> Tensor:
         """``A w = g^{1/2} Hess(g^{-1/2} w)`` (flat): the symmetric form of the operator."""
         xs = self.from_whitened(self.unflatten(w))
         return self.flatten(self.to_whitened(self.matvec(xs)))
+
+    def whitened_matmat(self, W: Tensor) -> Tensor:
+        """``A W`` for a ``(dim, k)`` matrix of whitened coordinates (columns batched)."""
+        outs = self._matvecs([self.from_whitened(self.unflatten(W[:, j])) for j in range(W.shape[1])])
+        return torch.stack([self.flatten(self.to_whitened(o)) for o in outs], dim=1)
 
     def to_scipy(self):
         """A ``scipy.sparse.linalg.LinearOperator`` (float64, shape ``(dim, dim)``) of the
@@ -397,14 +462,18 @@ class RiemannianHessian:
             w = torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(-1), device=self.device).to(self.dtype)
             return self.whitened_matvec(w).detach().to("cpu", torch.float64).numpy()
 
-        return LinearOperator((self.dim, self.dim), matvec=mv, rmatvec=mv, dtype=np.float64)
+        def mm(V):
+            W = torch.as_tensor(np.asarray(V, dtype=np.float64), device=self.device).to(self.dtype)
+            return self.whitened_matmat(W.reshape(self.dim, -1)).detach().to("cpu", torch.float64).numpy()
+
+        return LinearOperator((self.dim, self.dim), matvec=mv, rmatvec=mv, matmat=mm, rmatmat=mm,
+                              dtype=np.float64)
 
     # ------------------------------------------------------------------ spectral
     def dense(self, max_dim: int = EXACT_MAX_DIM) -> Tensor:
         """The symmetric ``(dim, dim)`` matrix ``A`` of :meth:`to_scipy` (one product per column)."""
         self._check_dim(max_dim, "dense")
-        eye = torch.eye(self.dim, dtype=self.dtype, device=self.device)
-        A = torch.stack([self.whitened_matvec(eye[:, j]) for j in range(self.dim)], dim=1)
+        A = self.whitened_matmat(torch.eye(self.dim, dtype=self.dtype, device=self.device))
         return 0.5 * (A + A.T)
 
     def _check_dim(self, max_dim: int, what: str) -> None:
@@ -430,12 +499,12 @@ class RiemannianHessian:
             raise ValueError(f"trace method must be one of {TRACE_METHODS}, got {method!r}")
         if method == "exact":
             self._check_dim(max_dim, "trace")
-            eye = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
             total = 0.0
-            for j in range(self.dim):
-                eye[j] = 1.0
-                total += float(self.whitened_matvec(eye)[j])
-                eye[j] = 0.0
+            for s in range(0, self.dim, self.chunk):
+                cols = torch.arange(s, min(s + self.chunk, self.dim), device=self.device)
+                U = torch.zeros(self.dim, len(cols), dtype=self.dtype, device=self.device)
+                U[cols, torch.arange(len(cols), device=self.device)] = 1.0
+                total += float(self.whitened_matmat(U)[cols, torch.arange(len(cols), device=self.device)].sum())
             return TraceEstimate(total, 0.0, self.dim, "exact")
         if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < (3 if method == "hutch++" else 2):
             raise ValueError(f"n_probes must be an integer >= {3 if method == 'hutch++' else 2} for {method}, "
@@ -448,22 +517,17 @@ class RiemannianHessian:
 
         if method == "hutchinson":
             E = rademacher(n_probes)
-            vals = torch.stack([E[:, j] @ self.whitened_matvec(E[:, j]) for j in range(n_probes)])
+            vals = (E * self.whitened_matmat(E)).sum(0)
             return TraceEstimate(float(vals.mean()), float(vals.std(unbiased=True)) / math.sqrt(n_probes),
                                  n_probes, "hutchinson")
         k = n_probes // 3
         r = n_probes - 2 * k               # Hutchinson probes on the rest (≥ k)
         S = rademacher(k)
-        AS = torch.stack([self.whitened_matvec(S[:, j]) for j in range(k)], dim=1)
-        Q, _ = torch.linalg.qr(AS)
-        AQ = torch.stack([self.whitened_matvec(Q[:, j]) for j in range(k)], dim=1)
-        top = float(torch.trace(Q.T @ AQ))
+        Q, _ = torch.linalg.qr(self.whitened_matmat(S))
+        top = float(torch.trace(Q.T @ self.whitened_matmat(Q)))
         E = rademacher(r)
-        vals = []
-        for j in range(r):
-            e = E[:, j] - Q @ (Q.T @ E[:, j])
-            vals.append(e @ self.whitened_matvec(e))
-        vals = torch.stack(vals)
+        E = E - Q @ (Q.T @ E)
+        vals = (E * self.whitened_matmat(E)).sum(0)
         se = float(vals.std(unbiased=True)) / math.sqrt(r) if r > 1 else float("nan")
         return TraceEstimate(top + float(vals.mean()), se, 2 * k + r, "hutch++")
 
@@ -486,9 +550,9 @@ class EuclideanHessian(RiemannianHessian):
     identity metric, no connection, no projection), for comparison."""
 
     def __init__(self, model: nn.Module, batches: Iterable, *, loss_fn: Callable | None = None,
-                 exclude: Sequence[str] = (), checks: bool = True) -> None:
+                 exclude: Sequence[str] = (), checks: bool = True, keep_graph: bool = False, chunk: int = 16) -> None:
         super().__init__(model, batches, Measure(geometry="euclidean"), loss_fn=loss_fn, exclude=exclude,
-                         checks=checks)
+                         checks=checks, keep_graph=keep_graph, chunk=chunk)
 
 
 __all__ = ["EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate", "SharpnessInputError"]

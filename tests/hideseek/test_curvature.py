@@ -107,7 +107,7 @@ def test_factor_net_matches_the_dense_reference(measure):
     geometry; self-adjoint in g."""
     model = FactorNet()
     pairs = FACTOR_PAIR if measure.geometry == "geodesic" else None
-    Hop = RiemannianHessian(model, _factor_data(), measure, pairs=pairs)
+    Hop = RiemannianHessian(model, _factor_data(), measure, pairs=pairs, keep_graph=True)
     K, E, *_ = _reference(Hop)
     ref = torch.linalg.eigvalsh(K)
     # lift(Hess[E a]) = E K a
@@ -136,7 +136,7 @@ def test_factor_net_matches_the_dense_reference(measure):
 def test_attention_model_matches_the_dense_reference(metric):
     """nn.MultiheadAttention (Q/K and V/O pairs found by discovery): trace and the top two
     eigenvalues against the dense reference, 1e-8."""
-    Hop = RiemannianHessian(MHAClassifier(dim=4, heads=2), _mha_data(), hs.Measure(metric=metric))
+    Hop = RiemannianHessian(MHAClassifier(dim=4, heads=2), _mha_data(), hs.Measure(metric=metric), keep_graph=True)
     K, E, *_ = _reference(Hop)
     ref = torch.linalg.eigvalsh(K)
     assert Hop.trace().value == pytest.approx(float(ref.sum()), rel=1e-8, abs=1e-10)
@@ -241,8 +241,8 @@ def test_trace_and_eigenvalues_are_invariant_under_the_group_action(metric):
     apply_random_action(moved, [block], generator=torch.Generator().manual_seed(7), log_cond=2.0)
     assert not torch.allclose(moved.G, model.G)
     data = _factor_data()
-    a = RiemannianHessian(model, data, hs.Measure(metric=metric), pairs=FACTOR_PAIR)
-    b = RiemannianHessian(moved, data, hs.Measure(metric=metric), pairs=FACTOR_PAIR)
+    a = RiemannianHessian(model, data, hs.Measure(metric=metric), pairs=FACTOR_PAIR, keep_graph=True)
+    b = RiemannianHessian(moved, data, hs.Measure(metric=metric), pairs=FACTOR_PAIR, keep_graph=True)
     assert b.trace().value == pytest.approx(a.trace().value, rel=1e-9)
     np.testing.assert_allclose(b.eigenvalues(3), a.eigenvalues(3), rtol=1e-9)
     ad = [RiemannianHessian(m, data, "adaptive").trace().value for m in (model, moved)]
@@ -253,7 +253,7 @@ def test_trace_and_eigenvalues_are_invariant_under_the_group_action(metric):
 def test_hutchinson_and_hutchpp_converge_to_the_exact_trace():
     """Error within a few standard errors of the exact trace, the standard error shrinking
     like 1/√probes; Hutch++ with a sketch at least the dimension is exact."""
-    Hop = RiemannianHessian(FactorNet(), _factor_data(), hs.Measure(), pairs=FACTOR_PAIR)
+    Hop = RiemannianHessian(FactorNet(), _factor_data(), hs.Measure(), pairs=FACTOR_PAIR, keep_graph=True)
     exact = Hop.trace().value
     small, large = Hop.trace("hutchinson", n_probes=40, seed=0), Hop.trace("hutchinson", n_probes=400, seed=1)
     for est in (small, large):
@@ -264,6 +264,19 @@ def test_hutchinson_and_hutchpp_converge_to_the_exact_trace():
     assert pp.value == pytest.approx(exact, rel=1e-9, abs=1e-12)
     pp = Hop.trace("hutch++", n_probes=30, seed=2)
     assert abs(pp.value - exact) <= 4 * pp.stderr and pp.n_matvecs == 30
+
+
+def test_kept_graph_and_batched_products_give_the_same_values():
+    """keep_graph (one backward pass per product) and chunked products (one vectorised
+    backward pass per chunk) change nothing but the cost."""
+    data = _factor_data()
+    plain = RiemannianHessian(FactorNet(), data, hs.Measure(metric="mixed"), pairs=FACTOR_PAIR, chunk=1)
+    fast = RiemannianHessian(FactorNet(), data, hs.Measure(metric="mixed"), pairs=FACTOR_PAIR, keep_graph=True,
+                             chunk=7)
+    X = torch.randn(plain.dim, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.testing.assert_close(fast.matmat(X), plain.matmat(X), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(fast.matvec(X[:, 0]), plain.matvec(X[:, 0]), rtol=1e-12, atol=1e-14)
+    assert fast.trace().value == pytest.approx(plain.trace().value, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------- layout, errors
