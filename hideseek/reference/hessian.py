@@ -59,7 +59,7 @@ def dense_riemannian_hessian(loss: Callable[[Tensor], Tensor], theta: Tensor,
     gram = B.T @ g @ B
     w, U = torch.linalg.eigh(0.5 * (gram + gram.T))
     E = B @ (U * w.rsqrt()) @ U.T
-    return E.T @ low @ E, E
+    return (E.T @ low @ E).detach(), E.detach()
 
 
 def product_metric_tensor(theta: Tensor, parts: Sequence[tuple]) -> Tensor:

@@ -143,6 +143,50 @@ def test_attention_model_matches_the_dense_reference(metric):
     np.testing.assert_allclose(Hop.eigenvalues(2), ref.flip(0)[:2].numpy(), rtol=1e-8, atol=1e-10)
 
 
+def _tiny_rotary_lm():
+    """GPT-NeoX with rotary on half of each head's columns (one rotated pair, two free
+    columns): float64 throughout (unlike Llama, whose RMSNorm computes in float32)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(vocab_size=11, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
+                                     intermediate_size=8, max_position_embeddings=16, rotary_pct=0.5)
+    model = transformers.GPTNeoXForCausalLM(cfg).double().eval()
+    ids = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    return model, [(ids, ids)]
+
+
+def _next_token_loss(out, y):
+    return nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]), y[:, 1:].reshape(-1))
+
+
+def test_rotary_attention_matches_the_dense_reference():
+    """A GPT-NeoX block with partial rotary (Q/K under GL(1, ℂ) × GL(2), V/O under GL(4)):
+    trace and top eigenvalues against the dense reference whose vertical space on Q/K is
+    spanned by that subgroup's Lie algebra; only the attention weights are perturbed."""
+    from hideseek.geometry.rotary import RotaryPairGeometry, rotary_generators
+
+    model, data = _tiny_rotary_lm()
+    keep = ("query_key_value", "attention.dense")
+    exclude = [n for n, _ in model.named_parameters() if not any(k in n for k in keep)]
+    Hop = RiemannianHessian(model, data, hs.Measure(metric="mixed"), loss_fn=_next_token_loss, exclude=exclude,
+                            keep_graph=True)
+    rot = [i for i, pg in enumerate(Hop.geometry.pairs) if isinstance(pg, RotaryPairGeometry)]
+    assert len(rot) == 1 and Hop.geometry.adaptive.names == ["gpt_neox.layers.0.attention.dense.bias"]
+    pg = Hop.geometry.pairs[rot[0]]
+    h = pg.G.shape[-1]
+    units = [torch.zeros(h, h, dtype=torch.float64) for _ in pg.rotary_free for _ in pg.rotary_free]
+    for k, (i, j) in enumerate((i, j) for i in pg.rotary_free for j in pg.rotary_free):
+        units[k][i, j] = 1.0
+    algebra = torch.cat([rotary_generators(h, pg.rotary, torch.float64)] + ([torch.stack(units)] if units else []))
+    K, E, *_ = _reference(Hop, algebras={rot[0]: algebra})
+    ref = torch.linalg.eigvalsh(K)
+    fixed = int((Hop.geometry.adaptive.theta[0] == 0).sum())   # b_O starts at 0: held fixed (§6)
+    assert len(algebra) == 2 + 4 and E.shape[1] == Hop.dim - len(algebra) - h * h - fixed   # Q/K loses 6, V/O 16
+    assert Hop.trace().value == pytest.approx(float(ref.sum()), rel=1e-8, abs=1e-10)
+    np.testing.assert_allclose(Hop.eigenvalues(2), ref.flip(0)[:2].numpy(), rtol=1e-8, atol=1e-10)
+
+
 @pytest.mark.parametrize("metric", ["invariant", "mixed"])
 def test_quadratic_form_is_the_second_derivative_along_the_geodesic(metric):
     """⟨Hess f[ξ], ξ⟩_g = d²/dt² f(γ_ξ(t)) at 0, γ the geodesic of the dense metric tensor
