@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .geometry.metrics import metric_names
 from .measures import Measure
 from .rho import suggest_rho
 from .sharpness import SharpnessInputError, sharpness
@@ -258,7 +259,7 @@ def _parser() -> _Parser:
                     help="a measure name or alias: " + ", ".join(["geodesic", "adaptive"] + [
                         m.name for m in Measure.all()]) + " (geodesic = geodesic_invariant); "
                     "--metric/--norm/--no-christoffel/--eps/--p change that measure's fields")
-    sp.add_argument("--metric", default=None, choices=["invariant", "mixed"],
+    sp.add_argument("--metric", default=None, choices=list(metric_names()),
                     help="pair metric (geodesic measures only; default: the measure's own)")
     sp.add_argument("--rho", type=_rho, required=True,
                     help="radius of the ball, or 'auto': suggested by --rho-rule (see 'choosing rho' below)")

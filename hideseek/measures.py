@@ -12,7 +12,8 @@ field              values                               meaning
 ``geometry``       ``"adaptive"`` | ``"geodesic"``      elementwise ball on every parameter,
                    | ``"euclidean"``                    the GL(h) quotient geometry on the pairs,
                                                         or SAM's plain ball ``‖ξ‖_p`` (no scale)
-``metric``         ``"invariant"`` | ``"mixed"``        pair metric (paper Eq. 9 / Eq. 10);
+``metric``         ``"invariant"`` | ``"mixed"`` | …    pair metric (paper Eq. 9 / Eq. 10; any
+                                                        name registered in ``METRICS``);
                                                         geodesic only (``None`` for adaptive)
 ``p``              ``"l2"`` | ``"linf"``                ℓ∞ for the adaptive/euclidean geometries
 ``ball``           ``"riemannian"`` | ``"adaptive"``    the pair metric with horizontal ξ, or
@@ -44,12 +45,13 @@ from torch import Tensor
 
 from .geometry.adaptive import AdaptiveGeometry
 from .geometry.euclidean import EuclideanGeometry
+from .geometry.metrics import METRICS, PairMetric, metric_names  # noqa: F401 (METRICS re-exported)
 from .geometry.space import ProductGeometry
 
 GEOMETRIES = ("adaptive", "geodesic", "euclidean")
 #: the geometries without pairs: one elementwise ball on every parameter, straight step
 _PLAIN = ("adaptive", "euclidean")
-METRICS = ("invariant", "mixed")
+#: the pair metrics are the registry :data:`hideseek.geometry.metrics.METRICS` (name → class)
 PS = ("l2", "linf")
 BALLS = ("riemannian", "adaptive")
 STEPS = ("second_order", "straight", "exact")
@@ -113,10 +115,12 @@ class Measure:
             set_("ball", g)
             set_("step", "straight")
             return
+        if isinstance(self.metric, type) and issubclass(self.metric, PairMetric):
+            set_("metric", self.metric.name)   # a metric class stands for its registered name
         set_("metric", "invariant" if self.metric is None else self.metric)
         set_("ball", "riemannian" if self.ball is None else self.ball)
         set_("step", "second_order" if self.step is None else self.step)
-        _choice("metric", self.metric, METRICS)
+        _choice("metric", self.metric, metric_names())
         _choice("ball", self.ball, BALLS)
         _choice("step", self.step, STEPS)
         if self.p != "l2":
@@ -239,15 +243,18 @@ class Measure:
         for kind in KINDS:
             out += [cls(geometry=g, p=p, kind=kind) for g in _PLAIN for p in PS]
             out += [cls(metric=metric, ball=ball, step=step, kind=kind)
-                    for metric in METRICS for ball, step in _ABLATIONS]
+                    for metric in metric_names() for ball, step in _ABLATIONS]
         return out
 
 
 _TABLE: dict[str, Measure] = {}
+_TABLE_METRICS: list[tuple[str, ...]] = [()]
 
 
 def _by_name() -> dict[str, Measure]:
-    if not _TABLE:
+    if not _TABLE or _TABLE_METRICS[0] != metric_names():   # rebuilt when a metric is registered
+        _TABLE.clear()
+        _TABLE_METRICS[0] = metric_names()
         _TABLE.update({m.name: m for m in Measure.all()})
         _TABLE["adaptive"] = Measure(geometry="adaptive")
         _TABLE["geodesic"] = Measure()

@@ -56,6 +56,8 @@ from companion import paper
 from companion.analysis import kendall
 from companion.params import from_mapping
 from hideseek.geometry.gl import PairGeometry
+from hideseek.geometry.metrics import InvariantMetric, MixedMetric
+from hideseek.measures import Measure
 from hideseek.solvers.apgd import apgd_checkpoints
 
 MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
@@ -446,7 +448,7 @@ def _setup(problem: Problem, u: np.ndarray, v: np.ndarray, variant: Variant, n_r
         if variant.step != "straight":
             raise ValueError("adaptive sharpness has straight steps only")
         return (lambda z: beta * (1 + z[..., :d]) * (1 + z[..., d:])), DiagonalBall(torch.ones(2 * d, dtype=beta.dtype))
-    metric = {"geodesic_invariant": "invariant", "geodesic_mixed": "mixed"}[variant.measure]
+    metric = Measure.parse(variant.measure).metric   # the registry's name of the pair metric
     Us, Vs = U.repeat(n_rows, 1, 1), V.repeat(n_rows, 1, 1)   # the S starts side by side: S*d scalar pairs
     geom = PairGeometry(Us, Vs, metric=metric)
     christoffel = {"exact": "exact", "second_order": True, "straight": False}[variant.step]
@@ -457,9 +459,9 @@ def _setup(problem: Problem, u: np.ndarray, v: np.ndarray, variant: Variant, n_r
         return (Gp * Hp).reshape(n_rows, d)
 
     # ||(u b, v b)||^2 = 2 ||b||^2 (invariant), 2 sum beta_i^2 b_i^2 (mixed)
-    w = torch.full_like(beta, 2.0) if metric == "invariant" else 2.0 * beta**2
+    w = torch.full_like(beta, 2.0) if metric == InvariantMetric.name else 2.0 * beta**2
     lower = None
-    if metric == "mixed" and variant.step == "exact":
+    if metric == MixedMetric.name and variant.step == "exact":
         lower = torch.full_like(beta, -0.5 * (1.0 - TIP_MARGIN))
     return point, DiagonalBall(w, lower)
 

@@ -1,11 +1,16 @@
-"""Geometry: GL(h) pair quotient geometry (batched), the elementwise adaptive geometry, and
-their product over a whole model."""
+"""Geometry: pair metrics as objects (one registry), GL(h) pair quotient geometry (batched),
+the elementwise adaptive geometry, and their product over a whole model."""
 from .adaptive import AdaptiveGeometry
-from .gl import (METRICS, PairGeometry, act, exact_geodesic_gl1, geodesic_acceleration,
-                 horizontal_projection, metric_inner, riemannian_gradient)
+from .euclidean import EuclideanGeometry
+from .gl import (PairGeometry, act, exact_geodesic_gl1, geodesic_acceleration, horizontal_projection,
+                 metric_inner, riemannian_gradient)
+from .metrics import METRICS, InvariantMetric, MixedMetric, PairMetric, get_metric, metric_names, register_metric
+from .protocol import SolverGeometry
 from .rotary import RotaryPairGeometry, random_rotary_element
-from .space import NORMS, PAIR_PARTS, AdaptiveBallPairStack, PairStack, ProductGeometry
+from .space import NORMS, P_NORMS, PAIR_PARTS, AdaptiveBallPairStack, L2Norm, LinfNorm, PairStack, ProductGeometry
 
-__all__ = ["METRICS", "NORMS", "PAIR_PARTS", "AdaptiveBallPairStack", "AdaptiveGeometry", "PairGeometry",
-           "PairStack", "ProductGeometry", "RotaryPairGeometry", "act", "exact_geodesic_gl1", "geodesic_acceleration",
-           "horizontal_projection", "metric_inner", "random_rotary_element", "riemannian_gradient"]
+__all__ = ["METRICS", "NORMS", "PAIR_PARTS", "P_NORMS", "AdaptiveBallPairStack", "AdaptiveGeometry",
+           "EuclideanGeometry", "InvariantMetric", "L2Norm", "LinfNorm", "MixedMetric", "PairGeometry",
+           "PairMetric", "PairStack", "ProductGeometry", "RotaryPairGeometry", "SolverGeometry", "act",
+           "exact_geodesic_gl1", "geodesic_acceleration", "get_metric", "horizontal_projection", "metric_inner",
+           "metric_names", "random_rotary_element", "register_metric", "riemannian_gradient"]

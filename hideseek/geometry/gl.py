@@ -5,7 +5,8 @@ A *pair* is two matrices ``G`` (n × h) and ``H`` (m × h) of which a network us
 function.  All functions here work on stacks: ``G`` of shape ``(B, n, h)``, ``H`` of shape
 ``(B, m, h)``, tangent vectors of the same shapes; ``B`` runs over heads and layers.
 
-Two symmetry-compatible metrics (paper Eqs. 9 and 10), with ``S_G = GᵀG``, ``S_H = HᵀH``:
+Two symmetry-compatible metrics (paper Eqs. 9 and 10; one class each in
+:mod:`hideseek.geometry.metrics`, registered in its ``METRICS``), with ``S_G = GᵀG``, ``S_H = HᵀH``:
 
 * ``"invariant"``: ``g(ξ, η) = tr(S_G⁻¹ ξ_Gᵀ η_G) + tr(S_H⁻¹ ξ_Hᵀ η_H)``
 * ``"mixed"``:     ``g(ξ, η) = tr(S_H ξ_Gᵀ η_G) + tr(S_G ξ_Hᵀ η_H)``
@@ -23,50 +24,33 @@ the inputs.  See docs/maths.md §1–5 for the formulas.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-METRICS = ("invariant", "mixed")
-
-
-def _t(x: Tensor) -> Tensor:
-    return x.transpose(-1, -2)
-
-
-def _eye_like(S: Tensor) -> Tensor:
-    return torch.eye(S.shape[-1], dtype=S.dtype, device=S.device).expand_as(S)
-
-
-def _spd_inverse(S: Tensor) -> Tensor:
-    """Inverse of a batch of symmetric positive definite matrices via Cholesky."""
-    L, info = torch.linalg.cholesky_ex(S)
-    if bool((info != 0).any()):
-        bad = int((info != 0).nonzero()[0])
-        raise ValueError(
-            f"a Gram matrix GᵀG or HᵀH is singular (pair {bad} of the stack): the weights of "
-            "an attention head are rank deficient. Use the ε relaxation (eps > 0) or the "
-            "adaptive measure for this model."
-        )
-    return torch.cholesky_inverse(L)
-
-
-def _check_metric(metric: str) -> None:
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+from .metrics import (METRICS, InvariantMetric, MixedMetric, PairMetric, _eye_like, _spd_inverse,  # noqa: F401
+                      _t, get_metric)
 
 
 @dataclass
 class PairGeometry:
     """Everything about a stack of GL(h) pairs at a fixed point ``(G, H)``.
 
+    Assembled from a metric object (:mod:`hideseek.geometry.metrics`), which owns the
+    metric, the horizontal projection, the metric dual of a gradient and the Christoffel
+    contraction; this class adds what every metric shares (vertical vectors, whitening,
+    the step).
+
     Parameters
     ----------
     G, H:
         ``(B, n, h)`` and ``(B, m, h)``; each pair must have full column rank (or ε > 0).
     metric:
-        ``"invariant"`` or ``"mixed"``.
+        A registered metric name (``"invariant"``, ``"mixed"``, … :data:`METRICS`), a
+        :class:`~hideseek.geometry.metrics.PairMetric` subclass, or an instance of one
+        built at this ``(G, H)`` (then used as it is; its ε wins).  After construction
+        :attr:`metric` is the name and :attr:`impl` the metric object.
     eps:
         ε relaxation, ``S ↦ S + ε I`` wherever ``S`` is inverted.
     """
@@ -75,62 +59,35 @@ class PairGeometry:
     H: Tensor
     metric: str = "invariant"
     eps: float = 0.0
+    impl: PairMetric = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _check_metric(self.metric)
         if self.G.dim() != 3 or self.H.dim() != 3 or self.G.shape[0] != self.H.shape[0] \
                 or self.G.shape[-1] != self.H.shape[-1]:
             raise ValueError(f"G, H must be (B, n, h) and (B, m, h); got {tuple(self.G.shape)}, "
                              f"{tuple(self.H.shape)}")
-        dt = self.G.dtype
-        G64, H64 = self.G.double(), self.H.double()
-        SG, SH = _t(G64) @ G64, _t(H64) @ H64
-        SGt = SG + self.eps * _eye_like(SG)
-        SHt = SH + self.eps * _eye_like(SH)
-        SGi, SHi = _spd_inverse(SGt), _spd_inverse(SHt)
-        cast = lambda x: x.to(dt)  # noqa: E731
-        self.SG, self.SH = cast(SG), cast(SH)
-        self.SGt, self.SHt = cast(SGt), cast(SHt)
-        self.SGi, self.SHi = cast(SGi), cast(SHi)
-        if self.metric == "invariant":
-            # A X + X B = C with A = S̃_G S_H, B = S_G S̃_H (A = B = S_G S_H when ε = 0).
-            L = torch.linalg.cholesky(SGt)
-            d, Q = torch.linalg.eigh(_t(L) @ SH @ L)
-            VA = L @ Q                                               # A = VA diag(d) VA⁻¹
-            VAi = _t(Q) @ torch.linalg.solve_triangular(L, _eye_like(L), upper=False)
-            M = torch.linalg.cholesky(SHt)
-            e, R = torch.linalg.eigh(_t(M) @ SG @ M)
-            VB = torch.linalg.solve_triangular(_t(M), R, upper=True)  # B = VB diag(e) VB⁻¹
-            VBi = _t(R) @ _t(M)
-            denom = d.unsqueeze(-1) + e.unsqueeze(-2)
-            # Precomputed products so that a projection costs a few matmuls.
-            self._VAi = cast(VAi)
-            self._Gp = cast(G64 @ SHt @ VB)          # G S̃_H V_B
-            self._Hp = cast(H64 @ SGt @ _t(VAi))     # H S̃_G V_A⁻ᵀ
-            self._VB = cast(VB)
-            self._inv_denom = cast(1.0 / denom)
-            self._GVBit = cast(G64 @ _t(VBi))        # G V_B⁻ᵀ
-            self._HVA = cast(H64 @ VA)               # H V_A
-            self._VBi = cast(VBi)
-            self._VAt = cast(_t(VA))
+        cls = get_metric(self.metric)
+        if isinstance(self.metric, PairMetric):
+            if self.metric.G is not self.G or self.metric.H is not self.H:
+                raise ValueError("a metric object given to PairGeometry must be built at the same (G, H)")
+            self.impl, self.eps = self.metric, self.metric.eps
         else:
-            self._GSGi = cast(G64 @ SGi)
-            self._HSHi = cast(H64 @ SHi)
+            self.impl = cls(self.G, self.H, self.eps)
+        self.metric = cls.name
+        m = self.impl
+        self.SG, self.SH, self.SGt, self.SHt, self.SGi, self.SHi = m.SG, m.SH, m.SGt, m.SHt, m.SGi, m.SHi
 
     # ------------------------------------------------------------------ metric
     def _metric_mats(self) -> tuple[Tensor, Tensor]:
         """Matrices ``(M_G, M_H)`` with ``g(ξ, η) = tr(M_G ξ_Gᵀ η_G) + tr(M_H ξ_Hᵀ η_H)``."""
-        if self.metric == "invariant":
-            return self.SGi, self.SHi
-        return self.SH, self.SG
+        return self.impl.mats()
 
     def inner(self, xG: Tensor, xH: Tensor, yG: Tensor, yH: Tensor) -> Tensor:
         """Metric inner product, one value per pair: shape ``(B,)``."""
-        MG, MH = self._metric_mats()
-        return ((xG @ MG) * yG).sum((-1, -2)) + ((xH @ MH) * yH).sum((-1, -2))
+        return self.impl.inner(xG, xH, yG, yH)
 
     def sqnorm(self, xG: Tensor, xH: Tensor) -> Tensor:
-        return self.inner(xG, xH, xG, xH)
+        return self.impl.sqnorm(xG, xH)
 
     def whiten_inverse(self, zG: Tensor, zH: Tensor) -> tuple[Tensor, Tensor]:
         """Map isotropic coordinates to tangent vectors: ``‖ξ‖_g = ‖z‖_F``."""
@@ -151,38 +108,18 @@ class PairGeometry:
 
     def project(self, xG: Tensor, xH: Tensor) -> tuple[Tensor, Tensor]:
         """Orthogonal (in the metric) projection onto the horizontal space."""
-        if self.metric == "invariant":
-            # X = Λᵀ solves (S̃_G S_H) X + X (S_G S̃_H) = ξ_Gᵀ G S̃_H − S̃_G Hᵀ ξ_H.
-            # (products ordered so that every n×h factor meets an h×h one)
-            Y = (self._VAi @ (_t(xG) @ self._Gp) - (_t(self._Hp) @ xH) @ self._VB) * self._inv_denom
-            # ξ_G − G Xᵀ = ξ_G − G V_B⁻ᵀ Yᵀ V_Aᵀ ;  ξ_H + H X = ξ_H + H V_A Y V_B⁻¹
-            return xG - self._GVBit @ (_t(Y) @ self._VAt), xH + self._HVA @ (Y @ self._VBi)
-        # mixed: X = Λᵀ = ½ (ξ_Gᵀ G S̃_G⁻¹ − S̃_H⁻¹ Hᵀ ξ_H), explicit.
-        X = 0.5 * (_t(xG) @ self._GSGi - _t(self._HSHi) @ xH)
-        return xG - self.G @ _t(X), xH + self.H @ X
+        return self.impl.project(xG, xH)
 
     # --------------------------------------------------------------- gradient
     def egrad_to_rgrad(self, gG: Tensor, gH: Tensor, project: bool = True) -> tuple[Tensor, Tensor]:
         """Riemannian gradient from the Euclidean one (then projected to horizontal)."""
-        if self.metric == "invariant":
-            rG, rH = gG @ self.SGt, gH @ self.SHt
-        else:
-            rG, rH = gG @ self.SHi, gH @ self.SGi
+        rG, rH = self.impl.dual(gG, gH)
         return self.project(rG, rH) if project else (rG, rH)
 
     # --------------------------------------------------------------- geodesics
     def acceleration(self, xG: Tensor, xH: Tensor) -> tuple[Tensor, Tensor]:
         """Geodesic acceleration ``γ̈(0) = −Γ(ξ, ξ)`` for initial velocity ξ."""
-        G, H = self.G, self.H
-        # h×h pieces first: M = ξ_Gᵀ G (so Gᵀ ξ_G = Mᵀ), N = ξ_Hᵀ H
-        M, N = _t(xG) @ G, _t(xH) @ H
-        if self.metric == "invariant":
-            aG = xG @ (self.SGi @ (M + _t(M))) - G @ (self.SGi @ (_t(xG) @ xG))
-            aH = xH @ (self.SHi @ (N + _t(N))) - H @ (self.SHi @ (_t(xH) @ xH))
-            return aG, aH
-        aG = G @ ((_t(xH) @ xH) @ self.SHi) - xG @ ((N + _t(N)) @ self.SHi)
-        aH = H @ ((_t(xG) @ xG) @ self.SGi) - xH @ ((M + _t(M)) @ self.SGi)
-        return aG, aH
+        return self.impl.acceleration(xG, xH)
 
     def step(self, xG: Tensor, xH: Tensor, christoffel: bool | str = True,
              t: float = 1.0) -> tuple[Tensor, Tensor]:

@@ -24,7 +24,8 @@ Projection.  ``Pξ = ξ − (GΛ, −HΛᵀ)`` with ``Λ ∈ 𝔨`` solving the 
 
     ⟨E, 𝒜(Λ)⟩_F = ⟨E, C(ξ)⟩_F   for every E ∈ 𝔨,
 
-where, as in gl.py (``S̃ = S + εI``),
+where, as in gl.py (``S̃ = S + εI``; the operators come from the metric object,
+:meth:`hideseek.geometry.metrics.PairMetric.normal_operators`),
 
 * invariant: ``𝒜(Λ) = S_G Λ S̃_G⁻¹ + S̃_H⁻¹ Λ S_H``, ``C(ξ) = Gᵀξ_G S̃_G⁻¹ − S̃_H⁻¹ξ_HᵀH``
   (``g(ξ, (GΛ, −HΛᵀ)) = ⟨C(ξ), Λ⟩_F`` and ``𝒜(Λ) = C(GΛ, −HΛᵀ)``: the exact projection of
@@ -48,7 +49,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gl import PairGeometry, _eye_like, _spd_inverse, _t
+from .gl import PairGeometry
+from .metrics import _generalised_eigh, _t
 
 _CHUNK_ELEMENTS = 1 << 24   # bound on the (B, chunk, f, f) buffers of the set-up
 
@@ -116,14 +118,6 @@ def random_rotary_element(h: int, rotary, rotary_free=None, batch: tuple[int, ..
     return A
 
 
-def _generalised_eigh(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
-    """``A V = B V diag(w)`` with ``Vᵀ B V = I`` (A symmetric, B SPD), batched."""
-    L = torch.linalg.cholesky(B)
-    Li = torch.linalg.solve_triangular(L, _eye_like(L), upper=False)
-    w, U = torch.linalg.eigh(Li @ A @ _t(Li))
-    return w, _t(Li) @ U
-
-
 @dataclass
 class RotaryPairGeometry(PairGeometry):
     """:class:`~hideseek.geometry.gl.PairGeometry` whose symmetry group is the rotary
@@ -150,15 +144,8 @@ class RotaryPairGeometry(PairGeometry):
         h = self.G.shape[-1]
         self.rotary, self.rotary_free = check_rotary_columns(h, self.rotary, self.rotary_free)
         dt, dev = self.G.dtype, self.G.device
-        G64, H64 = self.G.double(), self.H.double()
-        SG, SH = _t(G64) @ G64, _t(H64) @ H64
-        SGt, SHt = SG + self.eps * _eye_like(SG), SH + self.eps * _eye_like(SH)
-        if self.metric == "invariant":
-            ops = (SG, _spd_inverse(SGt), _spd_inverse(SHt), SH)       # 𝒜(Λ) = A₁ΛB₁ + A₂ΛB₂
-            rhs = (ops[1], ops[2])                                     # C = GᵀξN_G − N_HξᵀH
-        else:
-            ops = (SGt, SHt, SGt, SHt)
-            rhs = (SHt, SGt)
+        # 𝒜(Λ) = A₁ΛB₁ + A₂ΛB₂ and C = Gᵀξ N_G − N_H ξᵀH, float64, from the metric object
+        ops, rhs = self.impl.normal_operators()
         self._E = rotary_generators(h, self.rotary, torch.float64, dev)
         # the two entries (row, column, value) of each generator, for the set-up's gathers
         ii = [i for i, _ in self.rotary]

@@ -14,7 +14,11 @@ A part answers: ``n_tensors``, ``zeros()``, ``point(x, out)`` (write the stepped
 parameters into ``out``), ``sqnorm_terms(x)`` (scalars whose sum is its squared norm),
 ``project(x)`` (onto its allowed subspace), ``rgrad(egrad)`` (metric dual of the
 Euclidean gradient, in the allowed subspace), ``draw(randn)`` (a Gaussian tangent in
-metric-whitened coordinates, before projection) and ``correction_ratio(x)``.  A new kind of
+metric-whitened coordinates, before projection) and ``correction_ratio(x)``.  The ball's
+``p`` is a norm object (:class:`L2Norm`, :class:`LinfNorm` in :data:`P_NORMS`) that owns
+the norm, the steepest-ascent direction and the projection onto the ball.  The pairs'
+metric is a registered :class:`~hideseek.geometry.metrics.PairMetric`, given by name or
+as a class.  A new kind of
 pair part (say, pairs under a smaller symmetry group) is one subclass of :class:`PairStack`
 that overrides :meth:`PairStack.make_pair` and, if its ball differs, the norm methods.
 """
@@ -29,6 +33,7 @@ from torch import Tensor
 from ..symmetries.base import SymmetryBlock
 from .adaptive import AdaptiveGeometry
 from .gl import PairGeometry
+from .metrics import PairMetric
 from .rotary import RotaryPairGeometry
 
 Tangent = list[Tensor]
@@ -60,7 +65,8 @@ class PairStack:
     """
 
     def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock], *,
-                 metric: str = "invariant", eps: float = 0.0, christoffel: bool | str = True) -> None:
+                 metric: "str | type[PairMetric]" = "invariant", eps: float = 0.0,
+                 christoffel: bool | str = True) -> None:
         self.blocks = list(blocks)
         self.christoffel = christoffel
         stacks: dict[tuple, list[tuple[Tensor, Tensor]]] = {}
@@ -81,7 +87,8 @@ class PairStack:
             self.make_pair(torch.cat([g for g, _ in stacks[key]]), torch.cat([h for _, h in stacks[key]]),
                            key, metric, eps) for key in keys]
 
-    def make_pair(self, G: Tensor, H: Tensor, key: tuple, metric: str, eps: float) -> PairGeometry:
+    def make_pair(self, G: Tensor, H: Tensor, key: tuple, metric: "str | type[PairMetric]",
+                  eps: float) -> PairGeometry:
         """The geometry of one stack of pairs: GL(h), or the rotary subgroup
         (:class:`~hideseek.geometry.rotary.RotaryPairGeometry`) when the stack's
         :class:`~hideseek.symmetries.base.PairGroup` has rotary column pairs
@@ -202,6 +209,78 @@ class AdaptiveBallPairStack(PairStack):
 PAIR_PARTS: dict[str, type[PairStack]] = {"riemannian": PairStack, "adaptive": AdaptiveBallPairStack}
 
 
+# ---------------------------------------------------------------------------- norms
+class L2Norm:
+    """The ℓ2 ball of a :class:`ProductGeometry`: the ℓ2 norm of all parts' norms (the
+    metric norm on the pairs), steepest ascent ``rgrad/‖rgrad‖``, radial shrinking."""
+
+    name = "l2"
+
+    def check(self, blocks: Sequence[SymmetryBlock]) -> None:
+        """Any parts are allowed."""
+
+    def norm(self, geo: "ProductGeometry", x: Tangent) -> Tensor:
+        return geo.sqnorm(x).sqrt()
+
+    def direction(self, geo: "ProductGeometry", egrad: Tangent, inplace: bool) -> Tangent:
+        r = geo.rgrad(egrad, inplace=inplace)
+        if inplace and isinstance(egrad, list):
+            egrad[:] = r
+        n = geo.sqnorm(r).sqrt()
+        n = torch.where(n > 0, n, torch.ones_like(n))
+        torch._foreach_div_(r, n)
+        return r
+
+    def ball(self, geo: "ProductGeometry", x: Tangent, rho: float, project: bool) -> Tangent:
+        if project:
+            x = geo.project(x)
+        n = geo.sqnorm(x).sqrt()
+        scale = torch.where(n > rho, rho / n, torch.ones_like(n))
+        return list(torch._foreach_mul(x, scale))
+
+    def shrink_(self, geo: "ProductGeometry", x: Tangent, rho: float) -> Tangent:
+        n = geo.sqnorm(x).sqrt()
+        scale = torch.where(n > rho, rho / n, torch.ones_like(n))
+        torch._foreach_mul_(x, scale)
+        return x
+
+    def normalise_draw(self, geo: "ProductGeometry", draw: Tangent) -> Tangent:
+        """The parts' draw (Gaussian in whitened coordinates) → a uniform unit vector."""
+        out = geo.project(draw)
+        n = geo.sqnorm(out).sqrt()
+        return [t / n for t in out]
+
+
+class LinfNorm:
+    """The ℓ∞ ball (a box) of the free part; defined without pairs only (adaptive ℓ∞)."""
+
+    name = "linf"
+
+    def check(self, blocks: Sequence[SymmetryBlock]) -> None:
+        if blocks:
+            raise ValueError("the l∞ ball is only defined for the adaptive measure (no pairs)")
+
+    def norm(self, geo: "ProductGeometry", x: Tangent) -> Tensor:
+        return torch.stack(geo.adaptive.linf_terms(geo._split(x)[1])).amax()
+
+    def direction(self, geo: "ProductGeometry", egrad: Tangent, inplace: bool) -> Tangent:
+        return geo.adaptive.linf_direction(geo._split(egrad)[1], inplace=inplace)
+
+    def ball(self, geo: "ProductGeometry", x: Tangent, rho: float, project: bool) -> Tangent:
+        return geo.adaptive.linf_ball(geo._split(x)[1], rho)
+
+    def shrink_(self, geo: "ProductGeometry", x: Tangent, rho: float) -> Tangent:
+        return geo.adaptive.linf_ball(geo._split(x)[1], rho, inplace=True)
+
+    def normalise_draw(self, geo: "ProductGeometry", draw: Tangent) -> Tangent:
+        return draw  # the parts drew corners of the l∞ ball
+
+
+#: the ``p=`` of :class:`ProductGeometry`: the norm object that owns its ball, steepest
+#: ascent direction and shrinking (ℓ2 over all parts, or the free part's ℓ∞ box)
+P_NORMS = {"l2": L2Norm(), "linf": LinfNorm()}
+
+
 # ---------------------------------------------------------------------------- product
 class ProductGeometry:
     """Metric, projection, gradient and geodesic step for all of a model's parameters:
@@ -214,7 +293,8 @@ class ProductGeometry:
     blocks:
         Symmetry blocks (each owning its parameters entirely); empty for pure adaptive.
     metric, eps:
-        Pair metric (``"invariant"`` or ``"mixed"``) and ε relaxation.
+        Pair metric (a name in :data:`~hideseek.geometry.metrics.METRICS`, ``"invariant"`` or
+        ``"mixed"``, or a :class:`~hideseek.geometry.metrics.PairMetric` class) and ε relaxation.
     norm:
         The ball of the pairs: ``"riemannian"`` (:class:`PairStack`: the pair metric,
         horizontal perturbations) or ``"adaptive"`` (:class:`AdaptiveBallPairStack`, the
@@ -232,16 +312,16 @@ class ProductGeometry:
     """
 
     def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock] = (), *,
-                 metric: str = "invariant", eps: float = 0.0, norm: str = "riemannian",
+                 metric: "str | type[PairMetric]" = "invariant", eps: float = 0.0, norm: str = "riemannian",
                  christoffel: bool | str = True, p: str = "l2",
                  pair_part: type[PairStack] | None = None,
                  free_part: type[AdaptiveGeometry] = AdaptiveGeometry) -> None:
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-        if p not in ("l2", "linf"):
+        if p not in P_NORMS:
             raise ValueError(f"p must be 'l2' or 'linf', got {p!r}")
-        if p == "linf" and blocks:
-            raise ValueError("the l∞ ball is only defined for the adaptive measure (no pairs)")
+        self.p_norm = P_NORMS[p]
+        self.p_norm.check(blocks)
         self.norm, self.christoffel, self.p = norm, christoffel, p
         self.blocks = list(blocks)
         owned = [n for b in self.blocks for n in b.param_names]
@@ -358,9 +438,8 @@ class ProductGeometry:
         return out
 
     def norm_of(self, x: Tangent) -> Tensor:
-        if self.p == "linf":
-            return torch.stack(self.adaptive.linf_terms(self._split(x)[1])).amax()
-        return self.sqnorm(x).sqrt()
+        """The norm of ``x`` in this geometry's ball (ℓ2 metric norm, or ℓ∞)."""
+        return self.p_norm.norm(self, x)
 
     def project(self, x: Tangent) -> Tangent:
         """Onto the tangent space of allowed perturbations: each part's allowed subspace
@@ -382,38 +461,19 @@ class ProductGeometry:
         result; a list ``egrad`` is made to hold the result too, so that the pairs' old
         gradient is freed before the norm's temporaries are made), so that no copy of the
         parameters is made."""
-        if self.p == "linf":
-            return self.adaptive.linf_direction(self._split(egrad)[1], inplace=inplace)
-        r = self.rgrad(egrad, inplace=inplace)
-        if inplace and isinstance(egrad, list):
-            egrad[:] = r
-        n = self.sqnorm(r).sqrt()
-        n = torch.where(n > 0, n, torch.ones_like(n))
-        torch._foreach_div_(r, n)
-        return r
+        return self.p_norm.direction(self, egrad, inplace)
 
     def ball(self, x: Tangent, rho: float, project: bool = True) -> Tangent:
         """Projection onto ``{allowed, ‖ξ‖ ≤ ρ}`` (exact for the metric norm and for ℓ∞).
 
         ``project=False`` skips the (linear) projection onto the allowed subspace, for ``x``
         that is already a linear combination of allowed vectors."""
-        if self.p == "linf":
-            return self.adaptive.linf_ball(self._split(x)[1], rho)
-        if project:
-            x = self.project(x)
-        n = self.sqnorm(x).sqrt()
-        scale = torch.where(n > rho, rho / n, torch.ones_like(n))
-        return list(torch._foreach_mul(x, scale))
+        return self.p_norm.ball(self, x, rho, project)
 
     def shrink_(self, x: Tangent, rho: float) -> Tangent:
         """:meth:`ball` with ``project=False``, in place (ℓ2: ``x`` is scaled
         in place and returned; ℓ∞: the box projection, also in place)."""
-        if self.p == "linf":
-            return self.adaptive.linf_ball(self._split(x)[1], rho, inplace=True)
-        n = self.sqnorm(x).sqrt()
-        scale = torch.where(n > rho, rho / n, torch.ones_like(n))
-        torch._foreach_mul_(x, scale)
-        return x
+        return self.p_norm.shrink_(self, x, rho)
 
     def random_direction(self, generator: torch.Generator) -> Tangent:
         """A direction drawn uniformly from the unit sphere of the allowed subspace
@@ -422,9 +482,4 @@ class ProductGeometry:
         def randn(t):
             return torch.randn(t.shape, generator=generator, dtype=t.dtype, device="cpu").to(t.device)
 
-        out = [t for part in self.parts for t in part.draw(randn)]
-        if self.p == "linf":
-            return out  # corners of the l∞ ball
-        out = self.project(out)
-        n = self.sqnorm(out).sqrt()
-        return [t / n for t in out]
+        return self.p_norm.normalise_draw(self, [t for part in self.parts for t in part.draw(randn)])

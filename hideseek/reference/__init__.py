@@ -13,19 +13,20 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..geometry.metrics import get_metric
 
-def pair_metric_tensor(theta: Tensor, n: int, m: int, h: int, metric: str, eps: float = 0.0) -> Tensor:
-    """Dense metric tensor ``g_ij(θ)`` of one GL(h) pair, ``θ = (vec G, vec H)`` (row-major)."""
+
+def pair_metric_tensor(theta: Tensor, n: int, m: int, h: int, metric="invariant", eps: float = 0.0) -> Tensor:
+    """Dense metric tensor ``g_ij(θ)`` of one GL(h) pair, ``θ = (vec G, vec H)`` (row-major).
+
+    ``metric``: a registered name (:data:`hideseek.geometry.metrics.METRICS`) or a
+    :class:`~hideseek.geometry.metrics.PairMetric` class; only its *definition*
+    (:meth:`~hideseek.geometry.metrics.PairMetric.blocks`, the matrices ``M_G, M_H`` of
+    ``g(ξ, η) = tr(M_G ξ_Gᵀη_G) + tr(M_H ξ_Hᵀη_H)``) is used, none of its closed forms."""
     G = theta[: n * h].reshape(n, h)
     H = theta[n * h:].reshape(m, h)
-    I = torch.eye(h, dtype=theta.dtype)
-    SG, SH = G.T @ G, H.T @ H
-    if metric == "invariant":
-        MG, MH = torch.linalg.inv(SG + eps * I), torch.linalg.inv(SH + eps * I)
-    elif metric == "mixed":
-        MG, MH = SH, SG
-    else:
-        raise ValueError(metric)
+    MG, MH = get_metric(metric).blocks(G.unsqueeze(0), H.unsqueeze(0), eps)
+    MG, MH = MG[0], MH[0]
     # tr(M ξᵀ η) = Σ_{a,b,c} ξ_{a b} M_{b c} η_{a c}  →  block  I_rows ⊗ M  on vec (row-major)
     gG = torch.kron(torch.eye(n, dtype=theta.dtype), MG.contiguous())
     gH = torch.kron(torch.eye(m, dtype=theta.dtype), MH.contiguous())

@@ -1,7 +1,8 @@
 """Auto-PGD (Croce & Hein 2020) over weight perturbations, and random search.
 
 The solvers see a problem through a small interface: ``objective(x) -> (f, egrad)`` and a
-geometry with ``zeros``, ``direction``, ``ball`` and ``random_direction`` (see
+geometry with ``zeros``, ``direction``, ``ball``, ``shrink_`` and ``random_direction``: the
+typed protocol :class:`hideseek.geometry.protocol.SolverGeometry` (implemented by
 :class:`hideseek.geometry.space.ProductGeometry`).  They maximise ``f`` over the ball.
 
 Observers (progress, benchmarks, tests) pass ``callback=``: it is called with a
@@ -19,6 +20,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 from torch.profiler import record_function
+
+from ..geometry.protocol import SolverGeometry
 
 Objective = Callable[[list[Tensor]], tuple[Tensor, list[Tensor]]]
 
@@ -100,7 +103,7 @@ def _owned(g: list[Tensor]) -> list[Tensor]:
     return [t if t.is_contiguous() else t.contiguous() for t in g]
 
 
-def apgd(objective: Objective, geometry, rho: float, n_iters: int = 20, *,
+def apgd(objective: Objective, geometry: SolverGeometry, rho: float, n_iters: int = 20, *,
          f0: float | None = None, x0: list[Tensor] | None = None, alpha: float = 0.75,
          rho_frac: float = 0.75,
          start: tuple[Tensor, list[Tensor]] | Callable[[], tuple[Tensor, list[Tensor]]] | None = None,
@@ -144,7 +147,7 @@ def drive(search, objective: Objective):
         return stop.value
 
 
-def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = None,
+def apgd_search(geometry: SolverGeometry, rho: float, n_iters: int = 20, *, f0: float | None = None,
                 x0: list[Tensor] | None = None, alpha: float = 0.75, rho_frac: float = 0.75,
                 start=None, callback: Callback | None = None, keep_best_grad: bool = True):
     """:func:`apgd` as a generator: it yields each point to evaluate and is sent back a
@@ -231,7 +234,7 @@ def apgd_search(geometry, rho: float, n_iters: int = 20, *, f0: float | None = N
                         n_iters + n_start + n_extra, time.perf_counter() - t0)
 
 
-def random_search(value: Callable[[list[Tensor]], Tensor], geometry, rho: float, n_samples: int,
+def random_search(value: Callable[[list[Tensor]], Tensor], geometry: SolverGeometry, rho: float, n_samples: int,
                   generator: torch.Generator, *, sphere: bool = True,
                   callback: Callback | None = None) -> SolverResult:
     """Best of ``n_samples`` random perturbations on the sphere of radius ρ (or in the ball
@@ -252,7 +255,7 @@ def random_search(value: Callable[[list[Tensor]], Tensor], geometry, rho: float,
     return SolverResult(best - base, base, best_x, hist, [], n_samples + 1, time.perf_counter() - t0)
 
 
-def average_case(value: Callable[[list[Tensor]], Tensor], geometry, rho: float, n_samples: int,
+def average_case(value: Callable[[list[Tensor]], Tensor], geometry: SolverGeometry, rho: float, n_samples: int,
                  generator: torch.Generator, *, callback: Callback | None = None) -> SolverResult:
     """Mean of ``L(γ_ξ(1)) − L(θ)`` over ξ uniform on the sphere of radius ρ
     (``callback``'s ``best`` is the running mean of the values)."""

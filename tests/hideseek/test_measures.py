@@ -27,7 +27,7 @@ KNOWN = {
 
 #: every combination of the fields, with eps in {0, 0.1}
 GRID = [dict(zip(("geometry", "metric", "p", "ball", "step", "eps", "kind"), c)) for c in itertools.product(
-    GEOMETRIES, (None,) + METRICS, PS, (None,) + BALLS, (None,) + STEPS, (0.0, 0.1), KINDS)]
+    GEOMETRIES, (None,) + tuple(METRICS), PS, (None,) + BALLS, (None,) + STEPS, (0.0, 0.1), KINDS)]
 
 
 def _valid(d):
