@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from .geometry.adaptive import AdaptiveGeometry
 from .geometry.euclidean import EuclideanGeometry
 from .geometry.gl import PairGeometry, _t
+from .geometry.metrics import get_metric
 from .geometry.space import ProductGeometry
 from .inputs import SharpnessInputError, to_device
 from .measures import Measure
@@ -61,6 +62,10 @@ Tangent = list[Tensor]
 #: :meth:`RiemannianHessian.dense` run by default (one product per dimension)
 EXACT_MAX_DIM = 20_000
 TRACE_METHODS = ("exact", "hutchinson", "hutch++")
+#: products that share one vectorised backward pass by default (``chunk=None``) on spaces of
+#: at most :data:`CHUNK_MAX_DIM` dimensions, where the per-product overhead dominates; above
+#: it one at a time (batching then costs memory and, on CPUs, time: ``reports/benchmarks.md``)
+CHUNK, CHUNK_MAX_DIM = 16, 10_000
 
 
 @dataclass(frozen=True)
@@ -110,42 +115,47 @@ def _hessian_measure(measure) -> Measure:
         if m.ball != "riemannian":
             raise ValueError("RiemannianHessian: ball='adaptive' (the Christoffel-only ablation) puts no metric "
                              "on the pairs; use ball='riemannian' (the default) or geometry='adaptive'")
-        if m.metric == "mixed" and m.eps != 0.0:
-            raise ValueError("RiemannianHessian: the mixed metric at eps > 0 is not the geometry of any metric "
-                             "(docs/maths.md §2.1), so it has no Hessian; use eps=0 or the invariant metric")
+        if m.eps != 0.0 and not get_metric(m.metric).eps_exact:
+            raise ValueError(f"RiemannianHessian: the {m.metric} metric at eps > 0 is not the geometry of any metric "
+                             "(its ε only regularises inverses, docs/maths.md §2.1), so it has no Hessian; use eps=0 "
+                             "or a metric whose relaxation is exact (invariant)")
         return m.replace(step="straight", kind="worst")
     return m.replace(p="l2", kind="worst")
 
 
 # ---------------------------------------------------------------------------- parts
 class _PairOps:
-    """Inverse metric, its derivative, the connection and ``g^{±1/2}`` of one stack of pairs."""
+    """Inverse metric, its derivative, the connection and ``g^{±1/2}`` of one stack of pairs,
+    from its metric object (:class:`~hideseek.geometry.metrics.PairMetric`): any registered
+    metric, no branch on its name."""
 
     def __init__(self, pg: PairGeometry) -> None:
-        self.pg = pg
-        MG, MH = (pg.SGi, pg.SHi) if pg.metric == "invariant" else (pg.SH, pg.SG)
+        self.pg, self.metric = pg, pg.impl
+        MG, MH = self.metric.mats()
         self.sqrt = (_spd_power(MG, 0.5), _spd_power(MH, 0.5))
         self.isqrt = (_spd_power(MG, -0.5), _spd_power(MH, -0.5))
 
     def inv_metric(self, gG: Tensor, gH: Tensor) -> tuple[Tensor, Tensor]:
-        return self.pg.egrad_to_rgrad(gG, gH, project=False)
+        """``g⁻¹∇ = (∇_G M_G⁻¹, ∇_H M_H⁻¹)``: the metric's dual (not projected)."""
+        return self.metric.dual(gG, gH)
 
-    def d_inv_metric(self, xG: Tensor, xH: Tensor, gG: Tensor, gH: Tensor) -> tuple[Tensor, Tensor]:
-        """``(D_ξ g⁻¹) ∇``: invariant ``g⁻¹∇ = (∇_G S̃_G, ∇_H S̃_H)``, mixed
-        ``(∇_G S_H⁻¹, ∇_H S_G⁻¹)``, differentiated along ``Ṡ = ξᵀX + Xᵀξ``."""
-        pg = self.pg
-        M, N = _t(xG) @ pg.G, _t(xH) @ pg.H
-        dSG, dSH = M + _t(M), N + _t(N)
-        if pg.metric == "invariant":
-            return gG @ dSG, gH @ dSH
-        return -(gG @ (pg.SHi @ dSH @ pg.SHi)), -(gH @ (pg.SGi @ dSG @ pg.SGi))
+    def d_inv_metric(self, xG: Tensor, xH: Tensor, vG: Tensor, vH: Tensor) -> tuple[Tensor, Tensor]:
+        """``(D_ξ g⁻¹)∇ = −(V_G Ṁ_G M_G⁻¹, V_H Ṁ_H M_H⁻¹)`` with ``V = g⁻¹∇`` and
+        ``Ṁ = D M[ξ]`` the derivative of the metric's definition
+        (:meth:`~hideseek.geometry.metrics.PairMetric.blocks`) along ξ, by forward-mode
+        autograd (invariant: ``(∇_G Ṡ_G, ∇_H Ṡ_H)``; mixed:
+        ``(−∇_G S_H⁻¹Ṡ_H S_H⁻¹, −∇_H S_G⁻¹Ṡ_G S_G⁻¹)``, ``Ṡ = ξᵀX + Xᵀξ``)."""
+        m, pg = self.metric, self.pg
+        _, (dMG, dMH) = torch.func.jvp(lambda G, H: type(m).blocks(G, H, m.eps), (pg.G, pg.H), (xG, xH))
+        rG, rH = m.dual(vG @ dMG, vH @ dMH)
+        return -rG, -rH
 
     def connection(self, xG, xH, vG, vH, acc_v) -> tuple[Tensor, Tensor]:
         """``Γ(ξ, V)`` by polarisation of ``Γ(ξ, ξ) = −acceleration(ξ)``; ``acc_v`` is
         ``acceleration(V)``, computed once."""
-        pg = self.pg
-        sG, sH = pg.acceleration(xG + vG, xH + vH)
-        aG, aH = pg.acceleration(xG, xH)
+        m = self.metric
+        sG, sH = m.acceleration(xG + vG, xH + vH)
+        aG, aH = m.acceleration(xG, xH)
         return -0.5 * (sG - aG - acc_v[0]), -0.5 * (sH - aH - acc_v[1])
 
 
@@ -182,7 +192,8 @@ class RiemannianHessian:
         batch.  Values are the same either way.
     chunk:
         Products whose Hessian-vector products share one (vectorised) backward pass in
-        :meth:`matmat`, :meth:`trace` and :meth:`dense`.
+        :meth:`matmat`, :meth:`trace` and :meth:`dense`; ``None``: :data:`CHUNK` on spaces of
+        at most :data:`CHUNK_MAX_DIM` dimensions, else 1.
     measure:
         A :class:`~hideseek.measures.Measure` or its name: its geometry (``"geodesic"``,
         ``"adaptive"``, ``"euclidean"``), metric and ε define the operator.
@@ -191,10 +202,9 @@ class RiemannianHessian:
     def __init__(self, model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,
                  loss_fn: Callable | None = None, pairs: Sequence[SymmetryBlock] | None = None,
                  on_unsupported: str = "raise", exclude: Sequence[str] = (), checks: bool = True,
-                 keep_graph: bool = False, chunk: int = 16) -> None:
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"chunk must be a positive integer (products per backward pass), got {chunk!r}")
-        self.chunk = chunk
+                 keep_graph: bool = False, chunk: int | None = None) -> None:
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"chunk must be a positive integer (products per backward pass) or None, got {chunk!r}")
         self._graphs: dict | None = {} if keep_graph else None
         self.measure = _hessian_measure(measure)
         self.model, data, setup = _set_up(model, batches, self.measure, loss_fn=loss_fn, pairs=pairs,
@@ -212,10 +222,11 @@ class RiemannianHessian:
         zeros = self.geometry.zeros()
         self.shapes = [t.shape for t in zeros]
         self.dim = sum(t.numel() for t in zeros)
+        self.chunk = chunk if chunk is not None else (CHUNK if self.dim <= CHUNK_MAX_DIM else 1)
         # the Euclidean gradient in tangent coordinates and the gradient field V = g⁻¹∇f
         self.loss_value, self.egrad = self._value_and_grad()
         self._V = self._inv_metric(self.egrad)
-        self._accV = [ops.pg.acceleration(self._V[2 * i], self._V[2 * i + 1])
+        self._accV = [ops.metric.acceleration(self._V[2 * i], self._V[2 * i + 1])
                       for i, ops in enumerate(self._pair_ops)]
 
     # ------------------------------------------------------------------ layout
@@ -394,8 +405,8 @@ class RiemannianHessian:
         pairs_v, free_v = self._split(self._V)
         out: Tangent = []
         for i, ops in enumerate(self._pair_ops):
-            (xG, xH), (gG, gH), (vG, vH) = pairs_x[i], pairs_g[i], pairs_v[i]
-            dG, dH = ops.d_inv_metric(xG, xH, gG, gH)
+            (xG, xH), (vG, vH) = pairs_x[i], pairs_v[i]
+            dG, dH = ops.d_inv_metric(xG, xH, vG, vH)
             cG, cH = ops.connection(xG, xH, vG, vH, self._accV[i])
             out += [hv[2 * i] + dG + cG, hv[2 * i + 1] + dH + cH]
         k = 2 * len(self._pair_ops)
@@ -550,7 +561,8 @@ class EuclideanHessian(RiemannianHessian):
     identity metric, no connection, no projection), for comparison."""
 
     def __init__(self, model: nn.Module, batches: Iterable, *, loss_fn: Callable | None = None,
-                 exclude: Sequence[str] = (), checks: bool = True, keep_graph: bool = False, chunk: int = 16) -> None:
+                 exclude: Sequence[str] = (), checks: bool = True, keep_graph: bool = False,
+                 chunk: int | None = None) -> None:
         super().__init__(model, batches, Measure(geometry="euclidean"), loss_fn=loss_fn, exclude=exclude,
                          checks=checks, keep_graph=keep_graph, chunk=chunk)
 

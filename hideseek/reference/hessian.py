@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..geometry.metrics import get_metric
 from . import geodesic_rk4
 
 
@@ -65,9 +66,10 @@ def dense_riemannian_hessian(loss: Callable[[Tensor], Tensor], theta: Tensor,
 def product_metric_tensor(theta: Tensor, parts: Sequence[tuple]) -> Tensor:
     """The dense metric tensor at the flat point ``theta`` of a product of parts, in order:
     ``("pairs", B, n, m, h, metric, eps)`` (a stack: ``B·n·h`` entries of ``G``, then
-    ``B·m·h`` of ``H``; per pair ``tr(M_G ξ_Gᵀ η_G) + tr(M_H ξ_Hᵀ η_H)`` with
-    ``(M_G, M_H) = ((S_G+εI)⁻¹, (S_H+εI)⁻¹)`` invariant or ``(S_H, S_G)`` mixed, docs/maths.md
-    §2), ``("adaptive", k)`` (``diag(1/θ²)``, §6; weight 1 where θ is exactly 0, a
+    ``B·m·h`` of ``H``; per pair ``tr(M_G ξ_Gᵀ η_G) + tr(M_H ξ_Hᵀ η_H)`` with ``(M_G, M_H)``
+    the registered metric's definition,
+    :meth:`~hideseek.geometry.metrics.PairMetric.blocks`: ``((S_G+εI)⁻¹, (S_H+εI)⁻¹)``
+    invariant, ``(S_H, S_G)`` mixed, docs/maths.md §2), ``("adaptive", k)`` (``diag(1/θ²)``, §6; weight 1 where θ is exactly 0, a
     coordinate the adaptive geometry holds fixed: :func:`fixed_coordinate_vectors`) or
     ``("euclidean", k)`` (identity)."""
     blocks, start = [], 0
@@ -78,14 +80,7 @@ def product_metric_tensor(theta: Tensor, parts: Sequence[tuple]) -> Tensor:
             G = theta[start:start + B * n * h].reshape(B, n, h)
             H = theta[start + B * n * h:start + B * (n + m) * h].reshape(B, m, h)
             start += B * (n + m) * h
-            I = torch.eye(h, dtype=theta.dtype)
-            SG, SH = G.transpose(1, 2) @ G, H.transpose(1, 2) @ H
-            if metric == "invariant":
-                MG, MH = torch.linalg.inv(SG + eps * I), torch.linalg.inv(SH + eps * I)
-            elif metric == "mixed":
-                MG, MH = SH, SG
-            else:
-                raise ValueError(metric)
+            MG, MH = get_metric(metric).blocks(G, H, eps)     # the definition only, no closed form
             # tr(M ξᵀ η) = Σ_{a,b,c} ξ_ab M_bc η_ac: block I_rows ⊗ M on the row-major vec
             blocks += [torch.kron(torch.eye(n, dtype=theta.dtype), MG[b].contiguous()) for b in range(B)]
             blocks += [torch.kron(torch.eye(m, dtype=theta.dtype), MH[b].contiguous()) for b in range(B)]
