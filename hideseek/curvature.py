@@ -53,7 +53,7 @@ from .geometry.euclidean import EuclideanGeometry
 from .geometry.gl import PairGeometry, _t
 from .geometry.metrics import get_metric
 from .geometry.space import ProductGeometry
-from .inputs import SharpnessInputError, to_device
+from .inputs import SharpnessInputError
 from .measures import Measure
 from .symmetries.base import SymmetryBlock
 
@@ -83,26 +83,18 @@ class TraceEstimate:
         return self.value
 
 
-# ---------------------------------------------------------------------------- set-up seam
+# ---------------------------------------------------------------------------- set-up
 def _set_up(model, batches, measure: Measure, *, loss_fn, pairs, on_unsupported, exclude, checks):
-    """The checked model, batches and geometry, through the one input layer and set-up of
-    :func:`hideseek.sharpness.sharpness` (its validation, loss closure and symmetry
-    discovery; nothing is duplicated here).  The seam: to be replaced by the public set-up
-    (``hideseek.problem``) once it exists."""
-    import importlib
+    """The checked model, batches and geometry from the one engine of
+    :func:`hideseek.sharpness` (:class:`hideseek.problem.SharpnessProblem`: its input
+    checks, loss closure, set-up pass and symmetry discovery; nothing is duplicated here),
+    in one process."""
+    from .problem import SharpnessProblem
 
-    _s = importlib.import_module(".sharpness", __package__)   # the module (hs.sharpness is the function)
-    from .inputs import check_batches, check_model, unwrap_model
-
-    model = unwrap_model(model)
-    check_model(model, eval_mode=checks)
-    exclude = _s._check_exclude(exclude, [n for n, _ in model.named_parameters()])
-    perturb = _s._perturbed(model, exclude)
-    _s._check_weights(model, perturb)
-    data = check_batches(batches)
-    setup = _s._set_up(model, data, measure, loss_fn=loss_fn, autocast=None, pairs=pairs,
-                       on_unsupported=on_unsupported, exclude=exclude, checks=checks, perturb=perturb)
-    return model, data, setup
+    problem = SharpnessProblem(model, batches, measure, loss_fn=loss_fn, pairs=pairs, on_unsupported=on_unsupported,
+                               exclude=exclude, checks=checks, progress=False, distributed=False).set_up()
+    problem.drop_start()              # the set-up pass's gradient is not needed here
+    return problem
 
 
 def _hessian_measure(measure) -> Measure:
@@ -184,7 +176,8 @@ class RiemannianHessian:
     Parameters
     ----------
     model, batches, loss_fn, pairs, on_unsupported, exclude, checks:
-        As for :func:`hideseek.sharpness` (the same checks, loss and symmetry discovery).
+        As for :func:`hideseek.sharpness` (the same checks, loss and symmetry discovery:
+        :class:`hideseek.problem.SharpnessProblem`; one process).
         The loss is the mean over ``batches`` of each batch's loss.
     keep_graph:
         Keep each batch's gradient graph between products: a product is then one backward
@@ -207,14 +200,11 @@ class RiemannianHessian:
             raise ValueError(f"chunk must be a positive integer (products per backward pass) or None, got {chunk!r}")
         self._graphs: dict | None = {} if keep_graph else None
         self.measure = _hessian_measure(measure)
-        self.model, data, setup = _set_up(model, batches, self.measure, loss_fn=loss_fn, pairs=pairs,
-                                          on_unsupported=on_unsupported, exclude=exclude, checks=checks)
-        self.loss = setup.loss
-        self.geometry: ProductGeometry = setup.geometry
-        self.blocks = setup.blocks
-        setup.setup_grads = None          # the set-up pass's gradient is not needed here
-        dev = self.loss.device
-        self.batches = [(to_device(x, dev), to_device(y, dev)) for x, y in data]
+        problem = _set_up(model, batches, self.measure, loss_fn=loss_fn, pairs=pairs,
+                          on_unsupported=on_unsupported, exclude=exclude, checks=checks)
+        self.model, self.loss, self.blocks = problem.model, problem.loss, problem.blocks
+        self.geometry: ProductGeometry = problem.geometry
+        self.batches = [problem.batch(i) for i in range(len(problem.data))]
         self._pair_ops = [_PairOps(pg) for pg in self.geometry.pairs]
         self._free: AdaptiveGeometry = self.geometry.adaptive
         self._euclidean_free = isinstance(self._free, EuclideanGeometry)
