@@ -143,6 +143,49 @@ def test_attention_model_matches_the_dense_reference(metric):
     np.testing.assert_allclose(Hop.eigenvalues(2), ref.flip(0)[:2].numpy(), rtol=1e-8, atol=1e-10)
 
 
+class _Blend:
+    """A metric defined by its blocks alone (``M_G = S̃_G⁻¹ + S_H``, ``M_H = S̃_H⁻¹ + S_G``),
+    registered for one test: everything of the operator then comes from the generic
+    defaults of :class:`~hideseek.geometry.metrics.PairMetric`."""
+
+    @staticmethod
+    def make():
+        from hideseek.geometry.metrics import PairMetric, gram
+
+        class HessianBlend(PairMetric):
+            name = "hessian_test_blend"
+
+            @classmethod
+            def blocks(cls, G, H, eps=0.0):
+                SG, SH, SGt, SHt = gram(G, H, eps)
+                return torch.linalg.inv(SGt) + SH, torch.linalg.inv(SHt) + SG
+
+        return HessianBlend
+
+
+@pytest.fixture
+def blend_metric():
+    from hideseek.geometry.metrics import METRICS, register_metric
+
+    cls = register_metric(_Blend.make())
+    try:
+        yield cls.name
+    finally:
+        METRICS.pop(cls.name, None)
+
+
+def test_a_registered_blocks_only_metric_gets_its_hessian(blend_metric):
+    """Adding a metric (one class, one registry line) adds its Hessian: against the dense
+    reference built from the metric's definition alone, 1e-8."""
+    Hop = RiemannianHessian(FactorNet(), _factor_data(), hs.Measure(metric=blend_metric), pairs=FACTOR_PAIR,
+                            keep_graph=True)
+    K, E, *_ = _reference(Hop)
+    ref = torch.linalg.eigvalsh(K)
+    a = torch.randn(E.shape[1], generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    torch.testing.assert_close(Hop.matvec(E @ a), E @ (K @ a), rtol=1e-8, atol=1e-10)
+    assert Hop.trace().value == pytest.approx(float(ref.sum()), rel=1e-8, abs=1e-10)
+
+
 def _tiny_rotary_lm():
     """GPT-NeoX with rotary on half of each head's columns (one rotated pair, two free
     columns): float64 throughout (unlike Llama, whose RMSNorm computes in float32)."""
