@@ -8,8 +8,8 @@ r"""The Riemannian Hessian of the loss on the quotient, as a linear operator (do
 
 The loss is ``f(θ) = (1/N) Σ_b L_b(θ)``, the mean over the ``N`` batches of each batch's
 loss.  The operator lives on the perturbation space of a measure
-(:class:`~hideseek.geometry.space.ProductGeometry`): the GL(h) pairs with the invariant or
-mixed metric and horizontal tangent vectors, every other parameter with the adaptive metric
+(:class:`~hideseek.geometry.space.ProductGeometry`): the GL(h) pairs with a registered
+metric (:mod:`hideseek.geometry.metrics`: invariant, mixed, …) and horizontal tangent vectors, every other parameter with the adaptive metric
 ``Σ ξ_i² / θ_i²`` (``geometry="geodesic"`` or ``"adaptive"``) or the plain one
 (``geometry="euclidean"``: then the operator *is* the Euclidean Hessian).  At a tangent
 vector ξ (§14)::
@@ -17,8 +17,9 @@ vector ξ (§14)::
     lift(Hess f[ξ]) = P^h( g⁻¹ ∇²f ξ + (D_ξ g⁻¹) ∇f + Γ(ξ, g⁻¹ ∇f) )
 
 one Euclidean Hessian-vector product (double backward through the loss, in the tangent
-coordinates of the geometry), the derivative of the inverse metric along ξ, the connection
-term (the Christoffel contraction of the geometry, polarised:
+coordinates of the geometry), the derivative of the inverse metric along ξ (forward-mode
+autograd of the metric object's definition, ``blocks``), the connection term (the metric
+object's Christoffel contraction, polarised:
 ``Γ(ξ, V) = ½ (Γ(ξ+V, ξ+V) − Γ(ξ, ξ) − Γ(V, V))``) and the horizontal projection.  The input
 is projected onto the horizontal space first, so vertical directions map to 0 and the
 operator is self-adjoint in ``g`` on the whole tangent space.
@@ -34,8 +35,9 @@ trace is its trace; the vertical directions give ``dim V`` extra zero eigenvalue
 
 What the operator depends on: the measure's geometry, metric and ε only (not its step, ball
 radius, ℓ2/ℓ∞ or kind).  Refused in one line: ``ball="adaptive"`` (the Christoffel-only
-ablation has no metric on the pairs) and the mixed metric at ε > 0 (its relaxed gradient is
-not the dual of any metric, docs/maths.md §2.1).  At ε > 0 the invariant metric is a true
+ablation has no metric on the pairs) and, at ε > 0, a metric whose ε only regularises
+inverses (``eps_exact = False``, the mixed metric: its relaxed gradient is not the dual of
+any metric, docs/maths.md §2.1).  At ε > 0 the invariant metric is a true
 metric but not GL(h)-invariant: the operator is then the Hessian on its horizontal
 distribution, not on a quotient.
 """
