@@ -55,7 +55,6 @@ from .geometry.euclidean import EuclideanGeometry
 from .geometry.gl import PairGeometry, _t
 from .geometry.metrics import get_metric
 from .geometry.space import ProductGeometry
-from .inputs import SharpnessInputError
 from .measures import Measure
 from .symmetries.base import SymmetryBlock
 
@@ -559,4 +558,4 @@ class EuclideanHessian(RiemannianHessian):
                          checks=checks, keep_graph=keep_graph, chunk=chunk)
 
 
-__all__ = ["EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate", "SharpnessInputError"]
+__all__ = ["CHUNK", "CHUNK_MAX_DIM", "EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate"]
