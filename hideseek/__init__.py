@@ -21,17 +21,26 @@ from .symmetries import (AttentionBlock, AttentionSpec, DiagonalPair, FactorPair
 __version__ = "0.2.0"
 
 
-def __getattr__(name: str):
-    """``hs.optim`` (SAM, ASAM, geodesic SAM) is imported on first use: measuring sharpness
-    does not load the training code."""
-    if name == "optim":
-        import importlib
+#: imported on first use (the curvature operators: docs/maths.md §14), so that measuring
+#: sharpness loads none of it
+_LAZY = {"RiemannianHessian": ".curvature", "EuclideanHessian": ".curvature", "TraceEstimate": ".curvature"}
 
+
+def __getattr__(name: str):
+    """``hs.optim`` (SAM, ASAM, geodesic SAM) and the curvature operators
+    (``hs.RiemannianHessian``, ``hs.EuclideanHessian``, ``hs.TraceEstimate``) are imported on
+    first use: measuring sharpness does not load the training code."""
+    import importlib
+
+    if name == "optim":
         return importlib.import_module(".optim", __name__)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
+__all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "EuclideanHessian", "FactorPair",
+           "Measure", "RiemannianHessian", "TraceEstimate",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "RhoSuggestion", "SharpnessInputError",
            "SharpnessProblem", "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
            "declare_attention", "find_symmetries", "optim", "relative_flatness", "sharpness", "sharpness_zoo",

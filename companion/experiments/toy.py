@@ -2,9 +2,10 @@
 
 Two scalars ``g, h``, one data point ``(x, y)``, loss ``L = (g h x - y)^2``,
 symmetry ``(g a, h / a)``: the GL(1) case of a pair with ``G = [[g]]`` and
-``H = [[h]]`` (1 x 1). Everything Riemannian below is computed by the
-library's pair geometry (:class:`hideseek.geometry.PairGeometry`), batched
-over the grid points; the Euclidean quantities by autograd.
+``H = [[h]]`` (1 x 1). Everything below is computed by the library, batched over
+the grid points: gradients and Hessians by its curvature operators
+(:class:`hideseek.RiemannianHessian`, :class:`hideseek.EuclideanHessian`,
+docs/maths.md §14), the Riemannian gradient by the pair geometry.
 
 Definitions used (at a point ``theta = (g, h)`` with ``g h != 0``):
 
@@ -12,12 +13,11 @@ Definitions used (at a point ``theta = (g, h)`` with ``g h != 0``):
 * Riemannian gradient norm ``||grad L||_theta``: the library's Riemannian
   gradient (``egrad_to_rgrad``, horizontal) measured in the metric.
 * Euclidean Hessian trace ``d^2 L / dg^2 + d^2 L / dh^2``.
-* Riemannian Hessian (Levi-Civita) quadratic form along a geodesic,
-  ``Hess L(xi, xi) = d^2/dt^2 L(gamma_xi(t))|_0 = xi^T nabla^2 L xi + <nabla L, gamma''(0)>``
-  with ``gamma''(0) = -Gamma(xi, xi)`` the library's geodesic acceleration.
-  Its trace on the quotient is the sum over an orthonormal basis of the
-  horizontal space, which is one-dimensional here: ``Hess L(xi_h, xi_h)``
-  for the unit horizontal vector ``xi_h``. The vertical direction is also
+* Riemannian Hessian (Levi-Civita) on the quotient, ``hs.RiemannianHessian``;
+  its quadratic form is the second derivative along a geodesic,
+  ``Hess L(xi, xi) = d^2/dt^2 L(gamma_xi(t))|_0``. Its trace on the quotient is the
+  sum over an orthonormal basis of the horizontal space, which is one-dimensional
+  here: ``Hess L(xi_h, xi_h)`` for the unit horizontal vector ``xi_h``. The vertical direction is also
   returned (``rhess_vertical``): along the orbit the loss is constant, so it
   must vanish, and the total-space trace equals the quotient trace.
 """
@@ -29,8 +29,11 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from torch import nn
+
 from companion.params import from_mapping
-from hideseek.geometry import PairGeometry
+from hideseek import DiagonalPair, Measure
+from hideseek.curvature import EuclideanHessian, RiemannianHessian
 
 
 def loss_fn(g: torch.Tensor, h: torch.Tensor, x: float, y: float) -> torch.Tensor:
@@ -42,6 +45,20 @@ def _grid(lim: float, n: int) -> np.ndarray:
     if n % 2:
         raise ValueError("use an even number of grid points so that g = 0 and h = 0 are not on the grid")
     return np.linspace(-lim, lim, n)
+
+
+class ToyGrid(nn.Module):
+    """One scalar pair ``(g_i, h_i)`` per point, output ``g ⊙ h · x``: with the loss summed
+    over points, every operator of the library is block diagonal over them, so one call
+    evaluates the whole grid (``hs.DiagonalPair("g", "h")`` declares the GL(1) pairs)."""
+
+    def __init__(self, g: torch.Tensor, h: torch.Tensor) -> None:
+        super().__init__()
+        self.g, self.h = nn.Parameter(g.clone()), nn.Parameter(h.clone())
+        self.eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.g * self.h * x
 
 
 def toy_fields(
@@ -61,6 +78,12 @@ def toy_fields(
     ``rgrad_norm``, ``ehess_trace``, ``rhess_trace`` (quotient),
     ``rhess_vertical`` (should be 0), ``rhess_total`` (trace over an
     orthonormal basis of the whole 2-d tangent space).
+
+    Both Hessians come from the library's operators (:class:`hideseek.RiemannianHessian`,
+    :class:`hideseek.EuclideanHessian`, docs/maths.md §14) on a :class:`ToyGrid` whose loss
+    is the sum over the points: the quotient trace is ``⟨ξ_h, Hess ξ_h⟩_g`` for the unit
+    horizontal vector ``ξ_h`` of each point (the quotient is one-dimensional), the vertical
+    value ``⟨ξ_v, ∇̄_{ξ_v} grad L⟩_g`` is the total-space Hessian along the orbit.
     """
     g = np.asarray(g, float)
     h = np.asarray(h, float)
@@ -68,48 +91,43 @@ def toy_fields(
         raise ValueError("g and h must have the same shape")
     if np.any(g == 0) or np.any(h == 0):
         raise ValueError("the geometry needs g != 0 and h != 0 (full column rank)")
-    shape = g.shape
-    G = torch.tensor(g.ravel(), dtype=torch.float64).reshape(-1, 1, 1).requires_grad_(True)
-    H = torch.tensor(h.ravel(), dtype=torch.float64).reshape(-1, 1, 1).requires_grad_(True)
-
     if of not in ("loss", "network"):
         raise ValueError(f"of must be 'loss' or 'network', got {of!r}")
-    L = loss_fn(G, H, x, y) if of == "loss" else G * H * x
-    gG, gH = torch.autograd.grad(L.sum(), (G, H), create_graph=True)
-    # Euclidean Hessian entries (points are independent, so sums give per-point derivatives)
-    def second(d):   # a derivative that does not depend on a variable (f = g h x is bilinear) is 0
-        return [torch.zeros_like(v) if s is None else s
-                for s, v in zip(torch.autograd.grad(d.sum(), (G, H), retain_graph=True, allow_unused=True), (G, H))]
-
-    hGG, hGH = second(gG)
-    hHG, hHH = second(gH)
-
-    geom = PairGeometry(G.detach(), H.detach(), metric=metric)
-    gGd, gHd = gG.detach(), gH.detach()
-    rG, rH = geom.egrad_to_rgrad(gGd, gHd)
+    shape = g.shape
+    gt = torch.tensor(g.ravel(), dtype=torch.float64)
+    ht = torch.tensor(h.ravel(), dtype=torch.float64)
+    model = ToyGrid(gt, ht)
+    xs = torch.full_like(gt, x)
+    batches = [(xs, torch.full_like(gt, y))]
+    summed = (lambda out, t: ((out - t) ** 2).sum()) if of == "loss" else (lambda out, t: out.sum())
+    rhess = RiemannianHessian(model, batches, Measure(metric=metric), loss_fn=summed,
+                              pairs=[DiagonalPair("g", "h")])
+    ehess = EuclideanHessian(model, batches, loss_fn=summed)
+    geom = rhess.geometry.pairs[0]                          # the (N, 1, 1) stack of pairs
+    gG, gH = rhess.egrad                                    # Euclidean gradient, per point
+    rG, rH = geom.egrad_to_rgrad(gG, gH)
     rgrad_norm = geom.sqnorm(rG, rH).clamp_min(0).sqrt()
-
-    def hess_quadratic(xG, xH):
-        """xi^T nabla^2 L xi + <nabla L, gamma''(0)>, per point."""
-        quad = hGG * xG * xG + (hGH + hHG) * xG * xH + hHH * xH * xH
-        aG, aH = geom.acceleration(xG, xH)
-        return (quad + gGd * aG + gHd * aH).reshape(-1)
 
     def unit(xG, xH):
         nrm = geom.sqnorm(xG, xH).sqrt().reshape(-1, 1, 1)
         return xG / nrm, xH / nrm
 
     # a horizontal direction: project (G, H) (the radial direction, never vertical)
-    hG, hH = unit(*geom.project(G.detach().clone(), H.detach().clone()))
-    vG, vH = unit(*geom.vertical(torch.ones_like(G.detach())))
+    hG, hH = unit(*geom.project(geom.G.clone(), geom.H.clone()))
+    vG, vH = unit(*geom.vertical(torch.ones_like(geom.G)))
     with torch.no_grad():
-        rh = hess_quadratic(hG, hH)
-        rv = hess_quadratic(vG, vH)
+        oG, oH = rhess.matvec([hG, hH])
+        rh = geom.inner(hG, hH, oG, oH)
+        cG, cH = rhess.covariant_derivative([vG, vH])
+        rv = geom.inner(vG, vH, cG, cH)
+        ones, zero = torch.ones_like(gt), torch.zeros_like(gt)
+        hgg = ehess.matvec([ones, zero])[0]                  # ∂²/∂g² per point (block diagonal)
+        hhh = ehess.matvec([zero, ones])[1]
         out = {
-            "loss": L.detach().reshape(-1),
-            "egrad_norm": torch.sqrt(gGd**2 + gHd**2).reshape(-1),
+            "loss": loss_fn(gt, ht, x, y) if of == "loss" else gt * ht * x,
+            "egrad_norm": torch.sqrt(gG**2 + gH**2).reshape(-1),
             "rgrad_norm": rgrad_norm.reshape(-1),
-            "ehess_trace": (hGG + hHH).reshape(-1),
+            "ehess_trace": (hgg + hhh).reshape(-1),
             "rhess_trace": rh,
             "rhess_vertical": rv,
             "rhess_total": rh + rv,

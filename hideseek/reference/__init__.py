@@ -99,3 +99,5 @@ def taylor_remainder_slope(f: Callable[[Tensor], Tensor], x: Tensor, direction: 
     A = torch.stack([ts.log(), torch.ones_like(ts)], 1)
     sol = torch.linalg.lstsq(A, rem.log().unsqueeze(1)).solution
     return float(sol[0, 0])
+from .hessian import dense_riemannian_hessian, fixed_coordinate_vectors, pair_vertical_vectors, product_metric_tensor, \
+    second_derivative_along_geodesic  # noqa: E402,F401

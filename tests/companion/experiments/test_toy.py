@@ -131,3 +131,54 @@ def test_claim_c_both_readings_by_finite_differences_along_the_exact_geodesic(x,
     assert m["checks"]["network_at_minimum_raw"]["rhess_trace"] == pytest.approx([2 * y, 2 * y])
     text = toy.findings(m)
     assert f"{4 * y**2:g}" in text and f"{2 * y:g}" in text and "not 0" in text
+
+
+def _old_toy_hessians(g, h, x, y, metric, of="loss"):
+    """The formulas toy.py used before it called hs.RiemannianHessian, kept here only as an
+    independent reference: autograd's Euclidean Hessian, and the Riemannian quadratic form
+    ``ξᵀ∇²Lξ + ⟨∇L, γ̈(0)⟩`` along the unit horizontal and vertical vectors, with γ̈(0) the
+    pair geometry's geodesic acceleration."""
+    from hideseek.geometry import PairGeometry
+
+    G = torch.tensor(g, dtype=torch.float64).reshape(-1, 1, 1).requires_grad_(True)
+    H = torch.tensor(h, dtype=torch.float64).reshape(-1, 1, 1).requires_grad_(True)
+    L = (G * H * x - y) ** 2 if of == "loss" else G * H * x
+    gG, gH = torch.autograd.grad(L.sum(), (G, H), create_graph=True)
+    hGG, hGH = [torch.zeros_like(G) if s is None else s
+                for s in torch.autograd.grad(gG.sum(), (G, H), retain_graph=True, allow_unused=True)]
+    _, hHH = [torch.zeros_like(G) if s is None else s
+              for s in torch.autograd.grad(gH.sum(), (G, H), retain_graph=True, allow_unused=True)]
+    geom = PairGeometry(G.detach(), H.detach(), metric=metric)
+
+    def quad(xG, xH):
+        aG, aH = geom.acceleration(xG, xH)
+        return (hGG * xG * xG + 2 * hGH * xG * xH + hHH * xH * xH + gG * aG + gH * aH).reshape(-1)
+
+    def unit(xG, xH):
+        n = geom.sqnorm(xG, xH).sqrt().reshape(-1, 1, 1)
+        return xG / n, xH / n
+
+    with torch.no_grad():
+        hor = quad(*unit(*geom.project(G.detach().clone(), H.detach().clone())))
+        ver = quad(*unit(*geom.vertical(torch.ones_like(G))))
+        return (hGG + hHH).reshape(-1).numpy(), hor.numpy(), ver.numpy()
+
+
+@pytest.mark.parametrize("metric", ["invariant", "mixed"])
+@pytest.mark.parametrize("of", ["loss", "network"])
+def test_operator_values_agree_with_the_old_formulas(metric, of):
+    """Figure 6's traces now come from hs.RiemannianHessian / hs.EuclideanHessian; at several
+    points they equal the formulas toy.py used before (to rounding) and, for the loss, the
+    closed forms invariant 4βx(2βx − y), mixed 4x² (docs/maths.md §14.4)."""
+    g = np.array([0.7, -1.1, 2.0, 0.3, -0.45])
+    h = np.array([1.3, 0.4, -0.3, 0.25, -1.7])
+    x, y = 1.3, 0.8
+    f = toy.toy_fields(g, h, x=x, y=y, metric=metric, of=of)
+    e, r, v = _old_toy_hessians(g, h, x, y, metric, of)
+    np.testing.assert_allclose(f["ehess_trace"], e, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(f["rhess_trace"], r, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(f["rhess_vertical"], v, rtol=1e-12, atol=1e-12)
+    if of == "loss":
+        beta = g * h
+        closed = 4 * beta * x * (2 * beta * x - y) if metric == "invariant" else np.full_like(beta, 4 * x * x)
+        np.testing.assert_allclose(f["rhess_trace"], closed, rtol=1e-12)
