@@ -40,11 +40,14 @@ from torch import Tensor, nn
 from torch.func import functional_call  # noqa: F401 (the loss's functional call, now in .inputs; kept as a name)
 from torch.profiler import record_function
 
+from .embedding_rows import RowsGeometry, batch_geometry, searched_elements
 from .geometry.space import ProductGeometry
 from .inputs import Loss, SharpnessInputError, check_batch_losses, check_batches as _check_batches, \
     check_finite_loss, check_model, \
     to_device as _to, unwrap_model
 from .measures import Measure
+from .progress import Progress
+from .precision import annotate as annotate_precision, check_fresh_lora
 from .solvers.apgd import SolverResult, SolverStep, apgd, average_case
 from .symmetries.base import SymmetryBlock
 from .symmetries.discover import find_symmetries
@@ -85,6 +88,12 @@ class SharpnessResult:
     #: the random start), then the random ones; ``per_batch`` is each batch's maximum.  One
     #: entry per batch (the value) for the average case and ``restarts=1``.
     restart_values: list[list[float]] = field(default_factory=list)
+    #: a half-precision forward pass (half-precision weights, frozen ones included, or
+    #: ``autocast``): what a difference of two losses cannot resolve (computed on batch 0,
+    #: :func:`hideseek.precision.loss_resolution`), and whether ``|value|`` is below it (then
+    #: a warning says so); ``None`` / ``False`` in full precision
+    resolution: float | None = None
+    below_resolution: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -155,10 +164,12 @@ class _SetUp:
         """Whether each pass hands freed heap memory back (CPU, models from :data:`TRIM_FROM`)."""
         return self.loss.device.type == "cpu" and self.n_perturbed >= TRIM_FROM
 
-    def low_memory(self, low_memory: bool | None) -> bool:
-        """``low_memory`` as given, or for ``None`` whether the model has :data:`LOW_MEMORY_FROM`
-        perturbed elements or more."""
-        return self.n_perturbed >= LOW_MEMORY_FROM if low_memory is None else low_memory
+    def low_memory(self, low_memory: bool | None, searched: int | None = None) -> bool:
+        """``low_memory`` as given, or for ``None`` whether the search holds
+        :data:`LOW_MEMORY_FROM` elements or more (``searched``: the elements of a batch's
+        tangent, :func:`hideseek.embedding_rows.searched_elements`; default all perturbed)."""
+        n = self.n_perturbed if searched is None else searched
+        return n >= LOW_MEMORY_FROM if low_memory is None else low_memory
 
 
 def _is_int(v) -> bool:
@@ -330,6 +341,8 @@ def _set_up(model: nn.Module, data: list, measure: Measure, *, loss_fn: Callable
     used = set(setup_grads)
     blocks = _symmetry_blocks(model, measure, all_params, used, pairs, on_unsupported, exclude)
     params = {n: all_params[n] for n in all_params if n in used}
+    if measure.eps == 0:
+        check_fresh_lora(blocks, all_params)     # B = 0: a singular pair, named (issue 25)
     geom = measure.geometry_at(params, blocks)
     return _SetUp(loss, geom, blocks, loss0, setup_grads, list(params),
                   sum(t.numel() for t in params.values()))
@@ -401,7 +414,9 @@ def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float,
     ``(seed, i)`` alone."""
     device = setup.loss.device
     x, y = _to(x, device), _to(y, device)
-    geom = setup.geometry
+    # the batch's own rows of large embeddings only (issue 25; hideseek.embedding_rows)
+    geom = batch_geometry(setup.geometry, setup.loss, i, x, y, setup_grads=setup.setup_grads,
+                          from_zero=measure.kind == "worst" and not random_start and restarts == 1)
     f = _BatchObjective(setup.loss, geom, x, y, trim=setup.trim)
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + i)
     cb = None if callback is None else functools.partial(_tag_batch, callback, i)
@@ -413,10 +428,12 @@ def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float,
         start = _random_point(geom, rho, gen) if random_start or j > 0 else None
         # the set-up pass is the gradient at ξ = 0 on batch 0, handed over as a callable so
         # that the solver alone holds it (and frees it once it has moved on)
-        first = functools.partial(_setup_start, setup) if i == 0 and j == 0 and start is None else None
+        first = functools.partial(_setup_start, setup, geom) if i == 0 and j == 0 and start is None else None
         setup.setup_grads = setup.setup_grads if first else None
         res = apgd(f.objective, geom, rho, n_iters, x0=start, f0=f0, callback=cb, start=first,
-                   keep_best_grad=not setup.low_memory(low_memory))
+                   keep_best_grad=not setup.low_memory(low_memory, searched_elements(geom, setup.n_perturbed)))
+        if isinstance(geom, RowsGeometry) and res.best:
+            res.best = geom.expand(res.best)
         del start
         f0 = res.f0                       # L(θ): the later starts need not evaluate it again
         values.append(res.value)
@@ -426,24 +443,14 @@ def _measure_batch(setup: _SetUp, measure: Measure, i: int, x, y, *, rho: float,
     return best, values
 
 
-def _setup_start(setup: _SetUp) -> tuple[Tensor, list[Tensor]]:
-    """``(L(θ), ∂L/∂ξ at ξ = 0)`` on batch 0 from the set-up pass, which it lets go of."""
+def _setup_start(setup: _SetUp, geometry: ProductGeometry | None = None) -> tuple[Tensor, list[Tensor]]:
+    """``(L(θ), ∂L/∂ξ at ξ = 0)`` on batch 0 from the set-up pass, which it lets go of
+    (``geometry``: batch 0's, default the set-up's)."""
     grads, setup.setup_grads = setup.setup_grads, None
-    start = setup.loss0, setup.geometry.pullback(grads)
+    start = setup.loss0, (geometry or setup.geometry).pullback(grads)
     if setup.trim:
         release_freed_memory()     # the set-up's temporaries (second pass, geometry) are freed
     return start
-
-
-def _progress(data: list, desc: str, progress: bool):
-    """``data`` with a progress bar when asked and tqdm is installed, as is otherwise."""
-    if not progress:
-        return data
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return data
-    return tqdm(data, desc=desc, leave=False)
 
 
 def _warn_large_correction(ratios: list[float], rho: float) -> None:
@@ -582,8 +589,10 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         losses, so low precision costs accuracy: ``reports/benchmarks.md`` gives the measured
         agreement with full precision.
     progress:
-        A progress bar over batches when ``tqdm`` is installed (the ``[progress]`` extra);
-        ``progress=False`` for none.  Without tqdm there is silently none.
+        A progress bar over batches when ``tqdm`` is installed (the ``[progress]`` extra), or
+        over Auto-PGD iterations when there is one batch (shown after
+        :data:`hideseek.progress.DELAY` seconds); ``progress=False`` for none.  Without tqdm
+        there is silently none.
     checks:
         Check eval mode, finite weights and a deterministic loss before starting.
     callback:
@@ -603,8 +612,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         point older than the current one takes the gradient there again, one more forward
         and backward pass, at most one per step-size checkpoint (7 at 20 iterations, see
         :func:`~hideseek.solvers.apgd.apgd_checkpoints`).  ``False``: the gradient is kept.
-        ``None`` (default): ``True`` for models with at least :data:`LOW_MEMORY_FROM`
-        (2**24) perturbed elements, where memory limits, ``False`` below, where the extra
+        ``None`` (default): ``True`` when the search holds at least :data:`LOW_MEMORY_FROM`
+        (2**24) elements (the perturbed ones less the embedding rows a batch does not
+        touch, :mod:`hideseek.embedding_rows`), where memory limits, ``False`` below, where the extra
         passes would cost time for nothing.  Every value is the same either way.  See
         ``reports/benchmarks.md`` for the memory of a call.
     metric, norm, christoffel, eps, p, kind:
@@ -630,13 +640,19 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     setup = _set_up(model, data, measure, loss_fn=loss_fn, autocast=autocast, pairs=pairs,
                     on_unsupported=on_unsupported, exclude=exclude, checks=checks, perturb=perturb)
     results, starts = [], []
-    for i, (x, y) in enumerate(_progress(data, measure.name, progress)):
-        res, values = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
-                                     n_samples=n_samples, random_start=random_start, callback=callback,
-                                     low_memory=low_memory, restarts=restarts)
-        check_batch_losses(i, res.f0, res.value, y)
-        results.append(res)
-        starts.append(values)
+    # a bar over batches, or over Auto-PGD iterations when there is one batch (hideseek.progress)
+    bar = Progress(len(data), (n_samples or n_iters) if measure.kind == "average" else n_iters * restarts,
+                   measure.name, progress)
+    try:
+        for i, (x, y) in enumerate(bar.batches(data)):
+            res, values = _measure_batch(setup, measure, i, x, y, rho=rho, n_iters=n_iters, seed=seed,
+                                         n_samples=n_samples, random_start=random_start,
+                                         callback=bar.callback(callback), low_memory=low_memory, restarts=restarts)
+            check_batch_losses(i, res.f0, res.value, y)
+            results.append(res)
+            starts.append(values)
+    finally:
+        bar.close()
     config = dict(n_samples=n_samples, random_start=random_start, restarts=restarts)
     return _assemble(model, measure, setup, results, starts, rho=rho, n_iters=n_iters, seed=seed,
                      config=config, seconds=time.perf_counter() - t_start)
@@ -667,10 +683,13 @@ def _assemble(model: nn.Module, measure: Measure, setup: _SetUp, results: list[S
                   n_batches=len(results),
                   autocast=None if amp_dtype is None else str(amp_dtype).removeprefix("torch."))
     values = [r.value for r in results]
-    return SharpnessResult(
+    result = SharpnessResult(
         value=sum(values) / len(values), per_batch=values, base_losses=[r.f0 for r in results],
         name=measure.name, config=config, seconds=seconds,
         n_perturbed=setup.geometry.dimension(),
         pairs=[d for b in setup.blocks for d in b.describe()], correction_ratio=ratios,
         solver=results, measure=measure, norm_share=_mean_shares(shares), restart_values=starts,
         perturbed_params=setup.perturbed, n_perturbed_params=len(setup.perturbed))
+    # resolution of a half-precision forward pass, an exact 0 on zero weights (hideseek.precision)
+    annotate_precision(result, setup.loss.resolution, setup.loss.forward_dtype, setup.geometry)
+    return result
