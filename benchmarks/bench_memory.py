@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--restarts", type=int, default=1)
     ap.add_argument("--low-memory", choices=("no", "yes", "both", "default"), default="both",
                     help="hideseek.sharpness(low_memory=…): False, True, both, or the default None "
-                         "(True from hideseek.sharpness.LOW_MEMORY_FROM perturbed elements)")
+                         "(True from hideseek.problem.LOW_MEMORY_FROM perturbed elements)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-live", action="store_true",
                     help="skip the second run per measure with a fixed mmap threshold (live memory)")

@@ -83,7 +83,7 @@ def measure(kind: str, dtype: str, device: str, n_models: int | None, progress: 
 
     models, batches, gaps, n_iters, seed, rho = _zoo(kind, device, n_models)
     if device != "cpu":
-        from hideseek.sharpness import _to
+        from hideseek.inputs import to_device as _to
         batches = [(_to(x, device), _to(y, device)) for x, y in batches]
     rows = []
     for name, load in tqdm(models, desc=f"{kind} fp32 vs {dtype}", disable=not progress):

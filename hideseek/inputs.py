@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from .embedding_rows import RowRecorder
-from .precision import check_loss_dtype, forward_dtype, loss_resolution, own_loss, upcast_logits
+from .precision import ActivationProbe, check_loss_dtype, forward_dtype, own_loss, upcast_logits
 
 __all__ = ["Loss", "SharpnessInputError", "accepts_labels", "check_batches", "check_finite_loss",
            "check_model", "default_loss", "logits_of", "to_device", "unwrap_model"]
@@ -271,6 +271,8 @@ class Loss:
         self._first = False
         amp = self.amp_dtype
         handles = self.rows.start() if self.rows else []
+        probe = ActivationProbe(self.model) if self.forward_dtype is not None else None
+        probing = probe.start() if probe is not None else []
         try:
             with torch.autocast(self.device.type, dtype=amp, enabled=amp is not None):
                 out = self.output(params, x, y)
@@ -278,11 +280,12 @@ class Loss:
         finally:
             if self.rows:
                 self.rows.setup_rows = self.rows.stop(handles)
+            ActivationProbe.stop(probing)
         if self.user_loss:
             check_loss_dtype(loss)
-        if self.forward_dtype is not None and isinstance(loss, Tensor) and loss.numel() == 1:
-            self.resolution = loss_resolution(loss, out, self.forward_dtype)
-        del out
+        if probe is not None and isinstance(loss, Tensor) and loss.numel() == 1:
+            self.resolution = probe.resolution(loss, out, self.forward_dtype)
+        del out, probe
         return loss.float() if amp is not None and isinstance(loss, Tensor) else loss
 
     def checked(self, params: Mapping[str, Tensor], x, y, i: int) -> Tensor:

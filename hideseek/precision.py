@@ -12,15 +12,16 @@ would quietly turn it into rounding:
   refused in one line otherwise.  A ``loss_fn`` returning a half-precision loss is refused
   too.  The difference ``L(γ_ξ(1)) − L(θ)`` of two float32 losses within a factor 2 of each
   other is then exact (Sterbenz).
-* **a forward pass in half precision.**  Even in float32, a loss computed from logits that
-  were rounded to bfloat16 moves by up to ``u Σ |∂L/∂z| |z|`` (``u`` the unit roundoff,
-  2⁻⁸ for bfloat16) when the rounding does: a sharpness below about twice that — the two
-  losses of the difference — is rounding noise, not curvature.  This *resolution* is
-  computed on the set-up pass (batch 0) whenever the forward pass runs in half precision
-  (half-precision weights, frozen ones included, or ``autocast=``), stored in
-  ``SharpnessResult.resolution``, and a value below it is flagged
-  (``SharpnessResult.below_resolution``) with a warning.  It counts the logits' rounding
-  only (the layers before round too), so it is a lower bound of the noise.
+* **a forward pass in half precision.**  Even in float32, a loss computed from a pass whose
+  layers round their outputs to bfloat16 moves by up to ``u Σ |∂L/∂a| |a|`` (``u`` the unit
+  roundoff, 2⁻⁸ for bfloat16; ``a`` every rounded value: the half-precision outputs of the
+  model's leaf modules and the logits) when the roundings do: a sharpness below twice that —
+  the two losses of the difference — cannot be told from rounding.  This *resolution* is
+  computed on the set-up pass (batch 0, one more backward pass) whenever the forward pass
+  runs in half precision (half-precision weights, frozen ones included, or ``autocast=``),
+  stored in ``SharpnessResult.resolution``, and a value below it is flagged
+  (``SharpnessResult.below_resolution``) with a warning.  It is a first-order worst case
+  over the layers' roundings (operations between modules round too and are not counted).
 * **weights at exactly 0.**  The adaptive ball ``‖ξ ⊘ |θ|‖`` holds zero weights fixed
   (docs/maths.md §6); a LoRA adapter at peft's initialisation (B = 0) therefore cannot move
   ``B A`` at all and adaptive sharpness is exactly 0 — explained in a warning
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["HALF", "check_fresh_lora", "check_loss_dtype", "forward_dtype", "loss_resolution",
+__all__ = ["HALF", "ActivationProbe", "check_fresh_lora", "check_loss_dtype", "forward_dtype", "loss_resolution",
            "annotate", "own_loss", "upcast_logits", "warn_zero_weights"]
 
 HALF = (torch.float16, torch.bfloat16)
@@ -122,23 +123,52 @@ def forward_dtype(model: nn.Module, amp_dtype: torch.dtype | None) -> torch.dtyp
     return torch.float16 if dtypes else None
 
 
-def loss_resolution(loss: Tensor, out, dtype: torch.dtype) -> float | None:
-    """``2 u Σ |∂L/∂z| |z|`` over the logits ``z`` of ``out`` (``u`` the unit roundoff of
-    ``dtype``): twice the first-order change of the loss when every logit moves by one
-    rounding of ``dtype`` — what a difference of two losses cannot resolve.  ``None`` when
-    the logits are not found or do not take part in the loss's graph."""
+class ActivationProbe:
+    """Holds, during one forward pass (:meth:`start` … :meth:`stop`), the half-precision
+    outputs of the model's leaf modules (each a rounding of the forward pass)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+        self.acts: list[Tensor] = []
+
+    def _hook(self, mod, args, out) -> None:
+        if isinstance(out, Tensor) and out.dtype in HALF and out.requires_grad:
+            self.acts.append(out)
+
+    def start(self):
+        self.acts = []
+        return [m.register_forward_hook(self._hook) for m in self.leaves]
+
+    @staticmethod
+    def stop(handles) -> None:
+        for h in handles:
+            h.remove()
+
+    def resolution(self, loss: Tensor, out, dtype: torch.dtype) -> float | None:
+        """:func:`loss_resolution` over the logits of ``out`` and the held activations."""
+        acts, self.acts = self.acts, []
+        return loss_resolution(loss, out, dtype, acts)
+
+
+def loss_resolution(loss: Tensor, out, dtype: torch.dtype, activations: Sequence[Tensor] = ()) -> float | None:
+    """``2 u Σ |∂L/∂a| |a|`` over the logits ``a`` of ``out`` and the ``activations`` (the
+    outputs of the pass's half-precision layers), ``u`` the unit roundoff of ``dtype``:
+    twice the first-order change of the loss when every one of those values moves by one
+    rounding of ``dtype`` in the direction that raises the loss — a bound, to first order, on
+    what rounding them can do to a difference of two losses.  One more backward pass (the
+    set-up's, with its graph kept).  ``None`` when nothing rounded takes part in the graph."""
     from .inputs import logits_of
     try:
-        z = logits_of(out)
+        z = [logits_of(out)]
     except ValueError:
+        z = []
+    ts = list({id(t): t for t in [*z, *activations] if t.requires_grad}.values())   # each value once
+    if not (loss.requires_grad and ts):
         return None
-    if not (loss.requires_grad and z.requires_grad):
-        return None
-    (g,) = torch.autograd.grad(loss, z, retain_graph=True, allow_unused=True)
-    if g is None:
-        return None
-    u = torch.finfo(dtype).eps / 2
-    return float(2 * u * (g.detach().float().abs() * z.detach().float().abs()).sum())
+    grads = torch.autograd.grad(loss, ts, retain_graph=True, allow_unused=True)
+    total = sum(float((g.detach().float().abs() * t.detach().float().abs()).sum())
+                for g, t in zip(grads, ts) if g is not None)
+    return 2 * (torch.finfo(dtype).eps / 2) * total
 
 
 def annotate(result, resolution: float | None, dtype: torch.dtype | None, geometry) -> None:
@@ -149,9 +179,10 @@ def annotate(result, resolution: float | None, dtype: torch.dtype | None, geomet
     if result.below_resolution:
         warnings.warn(
             f"sharpness {result.value:.3g} is below the resolution of the {_name(dtype)} forward pass "
-            f"(≈ {resolution:.2g}: the loss moves by that much when the logits round to {_name(dtype)}), so it "
-            "is rounding noise, not curvature (SharpnessResult.below_resolution). Use a larger rho, or run the "
-            "model in float32 (model.float(), the base included)", RuntimeWarning, stacklevel=4)
+            f"(≈ {resolution:.2g}: the loss can move by that much when the layers' outputs round to "
+            f"{_name(dtype)}), so it cannot be told from rounding noise (SharpnessResult.below_resolution). Use "
+            "a larger rho, or run the model in float32 (model.float(), the base included)", RuntimeWarning,
+            stacklevel=4)
     if result.value == 0:
         warn_zero_weights(geometry)
 

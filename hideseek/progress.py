@@ -47,7 +47,7 @@ class Progress:
         def observe(step) -> Any:
             if step.iteration > 0:
                 bar.update(1)
-                bar.set_postfix(best=f"{step.best:.4g}", refresh=False)
+                bar.set_postfix(best_loss=f"{step.best:.6g}", refresh=False)
             return None if user is None else user(step)
         return observe
 

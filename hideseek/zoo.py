@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import numbers
 import time
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
+from .inputs import SharpnessInputError, check_batch_losses, unwrap_model
 from .measures import Measure
-from .inputs import check_batch_losses, check_model, unwrap_model
-from .sharpness import (SharpnessInputError, SharpnessResult, _assemble, _check_batches, _check_exclude,
-                        _check_low_memory, _check_restarts, _check_settings, _check_weights, _is_int,
-                        _perturbed, _random_point, _set_up, _setup_start, _to)
+from .problem import SharpnessProblem, SharpnessResult, resolve, with_progress
 from .solvers.apgd import SolverResult, apgd_search
 from .utils import release_freed_memory
 
@@ -57,30 +56,30 @@ def _rhos(rho) -> tuple[list[float], bool]:
     return rhos, many
 
 
-class _Problems:
-    """The problems of one chunk (member, radius, start) and their batched evaluation."""
+class _Lockstep:
+    """The searches of one chunk (member, radius, start) and their batched evaluation."""
 
-    def __init__(self, models: list[nn.Module], setups: list, problems: list[tuple[int, int, int]]):
-        self.setups, self.problems = setups, problems
-        self.loss = setups[0].loss
-        names = set(setups[0].geometry.point(setups[0].geometry.zeros()))
-        members = [m for m, _, _ in problems]
-        # every parameter and buffer the perturbation does not set, stacked per problem
+    def __init__(self, members: list[SharpnessProblem], keys: list[tuple[int, int, int]]):
+        self.members, self.keys = members, keys
+        self.loss = members[0].loss
+        self.trim = members[0].trim
+        names = set(members[0].geometry.point(members[0].geometry.zeros()))
+        which = [m for m, _, _ in keys]
+        # every parameter and buffer the perturbation does not set, stacked per search
         const = {}
-        for n, _ in models[0].named_parameters():
+        for n, _ in members[0].model.named_parameters():
             if n not in names:
-                const[n] = torch.stack([dict(models[m].named_parameters())[n].detach() for m in members])
-        for n, _ in models[0].named_buffers():
-            const[n] = torch.stack([dict(models[m].named_buffers())[n] for m in members])
+                const[n] = torch.stack([dict(members[m].model.named_parameters())[n].detach() for m in which])
+        for n, _ in members[0].model.named_buffers():
+            const[n] = torch.stack([dict(members[m].model.named_buffers())[n] for m in which])
         self.const = const
-        self.model = models[0]
 
     def evaluate(self, xs: list[list[Tensor]], x, y) -> list[tuple[Tensor, list[Tensor]]]:
         """``(L(γ_ξ(1)), ∂L/∂ξ)`` of every problem at its point ``xs[k]``, in one vmapped
         forward and backward pass."""
         leaves = [[t.detach().requires_grad_(True) for t in xi] for xi in xs]
         with torch.enable_grad():
-            points = [self.setups[m].geometry.point(xi) for (m, _, _), xi in zip(self.problems, leaves)]
+            points = [self.members[m].geometry.point(xi) for (m, _, _), xi in zip(self.keys, leaves)]
             stacked = {n: torch.stack([p[n] for p in points]) for n in points[0]}
             del points
             stacked.update(self.const)
@@ -105,7 +104,7 @@ class _Problems:
             del stacked
             flat = [t for xi in leaves for t in xi]
             grads = torch.autograd.grad(losses.sum() * loss.grad_scale, flat)
-        if self.setups[0].trim:
+        if self.trim:
             release_freed_memory()     # as hs.sharpness does after each pass
         out, k = [], 0
         for j, xi in enumerate(leaves):
@@ -115,80 +114,83 @@ class _Problems:
 
 
 def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measure | str = Measure(), *,
-                  rho: float | Sequence[float] = 0.1, n_iters: int = 20, seed: int = 0, restarts: int = 1,
-                  chunk: int | None = None, loss_fn: Callable | None = None, pairs=None,
-                  on_unsupported: str = "raise", exclude: Sequence[str] = (), autocast=None,
-                  checks: bool = True, low_memory: bool | None = None, **measure_keywords: Any) -> list[SharpnessResult] | list[list[SharpnessResult]]:
+                  rho: float | Sequence[float] = 0.1, chunk: int | None = None,
+                  **keywords: Any) -> list[SharpnessResult] | list[list[SharpnessResult]]:
     """Worst-case sharpness of every model of a zoo of one architecture on ``batches``, equal
     to ``[hs.sharpness(m, batches, measure, rho=rho, …) for m in models]``.
 
     ``rho`` may be a sequence of radii: each model's entry is then a list of results, one per
-    radius, in the order given.  ``restarts`` as in :func:`hideseek.sharpness`.  ``chunk``:
-    members measured together per pass (default :data:`DEFAULT_CHUNK`); memory grows with
-    ``chunk × len(rho) × restarts`` (a few parameter copies per problem, the activations of
-    the batch per problem).  Other arguments as in :func:`hideseek.sharpness` (the keyword
-    form ``metric=``, ``christoffel=`` … included); the worst case only, no callback.
+    radius, in the order given.  ``chunk``: members measured together per pass (default
+    :data:`DEFAULT_CHUNK`); memory grows with ``chunk × len(rho) × restarts`` (a few parameter
+    copies per problem, the activations of the batch per problem).
+
+    Every other keyword is one of :func:`hideseek.sharpness` (``hideseek.problem.KEYWORDS``:
+    ``restarts``, ``progress``, the keyword form ``metric=``, ``christoffel=`` …), read by the
+    same :func:`hideseek.problem.resolve`, so an unknown one is refused in one line.  The zoo
+    runs the worst case from ξ = 0 without a per-iteration observer: ``kind="average"``,
+    ``n_samples``, ``random_start=True`` and ``callback`` are refused, saying so.
+    ``progress`` shows a bar over each chunk's batches.
 
     Models whose forward ``torch.func.vmap`` cannot run (data-dependent control flow, in-place
     updates of buffers, ...) are refused with the reason.
     """
-    measure = Measure.from_keywords(measure, **measure_keywords)
+    rhos, many = _rhos(rho)
+    measure, settings = resolve("sharpness_zoo", measure, {"rho": rhos[0], **keywords})
     if measure.kind != "worst":
         raise ValueError("sharpness_zoo measures the worst case (Auto-PGD); for kind='average' call "
                          "hs.sharpness per model")
-    rhos, many = _rhos(rho)
+    for name, value in (("n_samples", settings.n_samples), ("callback", settings.callback)):
+        if value is not None:
+            raise ValueError(f"sharpness_zoo takes no {name} (it runs the worst case in lockstep without a "
+                             "per-iteration observer); call hs.sharpness per model for it")
+    if settings.random_start:
+        raise ValueError("sharpness_zoo starts every first search from xi = 0; for random starts use "
+                         "restarts=k (random points of the ball after the first) or hs.sharpness per model")
     for r in rhos:
-        _check_settings(measure, r, n_iters, None, seed)
-    _check_restarts(restarts)
-    _check_low_memory(low_memory)
+        replace(settings, rho=r).check(measure)
     chunk = DEFAULT_CHUNK if chunk is None else chunk
-    if not _is_int(chunk) or chunk < 1:
+    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
         raise ValueError(f"chunk must be an integer >= 1 (members per pass), got {chunk!r}")
     models = _check_zoo([unwrap_model(m) for m in models])
-    exclude = _check_exclude(exclude, [n for n, _ in models[0].named_parameters()])
-    for m in models:
-        check_model(m, eval_mode=checks)
-        _check_weights(m, _perturbed(m, exclude))
-    data = _check_batches(batches)
+    members = [SharpnessProblem(models[0], batches, measure, settings=settings)]
+    members += [SharpnessProblem(m, members[0].data, measure, settings=settings) for m in models[1:]]
     out: list = []
-    for c0 in range(0, len(models), chunk):
-        out += _chunk(models[c0:c0 + chunk], data, measure, rhos, n_iters=n_iters, seed=seed,
-                      restarts=restarts, low_memory=low_memory,
-                      set_up=dict(loss_fn=loss_fn, autocast=autocast, pairs=pairs,
-                                  on_unsupported=on_unsupported, exclude=exclude, checks=checks))
+    for c0 in range(0, len(members), chunk):
+        out += _chunk(members[c0:c0 + chunk], rhos)
     return out if many else [r[0] for r in out]
 
 
-def _chunk(models: list[nn.Module], data: list, measure: Measure, rhos: list[float], *, n_iters: int,
-           seed: int, restarts: int, low_memory: bool | None, set_up: dict) -> list[list[SharpnessResult]]:
+def _chunk(members: list[SharpnessProblem], rhos: list[float]) -> list[list[SharpnessResult]]:
     t0 = time.perf_counter()
-    setups = [_set_up(m, data, measure, **set_up) for m in models]
-    problems = [(m, r, j) for m in range(len(models)) for r in range(len(rhos)) for j in range(restarts)]
-    batch = _Problems(models, setups, problems)
-    device = setups[0].loss.device
+    for member in members:
+        member.set_up()
+    settings = members[0].settings
+    keys = [(m, r, j) for m in range(len(members)) for r in range(len(rhos)) for j in range(settings.restarts)]
+    batch = _Lockstep(members, keys)
     # per (member, radius): the best solver result and every start's value, per batch
-    best: dict[tuple[int, int], list[SolverResult]] = {(m, r): [] for m in range(len(models))
+    best: dict[tuple[int, int], list[SolverResult]] = {(m, r): [] for m in range(len(members))
                                                        for r in range(len(rhos))}
     values: dict[tuple[int, int], list[list[float]]] = {k: [] for k in best}
-    for i, (x, y) in enumerate(data):
-        x, y = _to(x, device), _to(y, device)
+    data = members[0].data
+    for i, (x, y) in enumerate(with_progress(data, f"zoo {members[0].measure.name}", settings.progress)):
+        x, y = members[0].batch(i)
         # batch 0: the set-up pass is every radius's start at zero (shared, so not overwritten)
-        first = [_setup_start(s) if i == 0 else None for s in setups]
+        first = [member.take_start() if i == 0 else None for member in members]
         searches = []
-        for m, r, j in problems:
-            geom = setups[m].geometry
-            gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + i)
+        for m, r, j in keys:
+            member = members[m]
+            gen = member.generator(i)
             x0 = None
             for _ in range(j):    # start j is the j-th draw of the batch's generator
-                x0 = _random_point(geom, rhos[r], gen)
+                x0 = member.random_point(rhos[r], gen)
             # a random start's value is first taken against 0 and corrected below
-            searches.append(apgd_search(geom, rhos[r], n_iters, x0=x0, f0=0.0 if j else None,
+            searches.append(apgd_search(member.geometry, rhos[r], settings.n_iters, x0=x0, f0=0.0 if j else None,
                                         start=first[m] if j == 0 else None,
-                                        keep_best_grad=not setups[m].low_memory(low_memory)))
+                                        keep_best_grad=member.keep_best_grad))
             del x0
         del first
         results = _run_lockstep(searches, batch, x, y)
-        for (m, r, j), res in zip(problems, results):
+        for (m, r, j), res in zip(keys, results):
             if j == 0:
                 base = res.f0
                 values[m, r].append([])
@@ -199,15 +201,14 @@ def _chunk(models: list[nn.Module], data: list, measure: Measure, rhos: list[flo
                     best[m, r][-1] = res
             values[m, r][-1].append(res.value)
         for res in (best[k][-1] for k in best):
-            check_batch_losses(i, res.f0, res.value, y)
-    seconds = (time.perf_counter() - t0) / len(models)
-    config = dict(n_samples=None, random_start=False, restarts=restarts)
-    return [[_assemble(models[m], measure, setups[m], best[m, r], values[m, r], rho=rhos[r], n_iters=n_iters,
-                       seed=seed, config=config, seconds=seconds) for r in range(len(rhos))]
-            for m in range(len(models))]
+            check_batch_losses(i, res.f0, res.value, data[i][1])
+    seconds = (time.perf_counter() - t0) / len(members)
+    return [[member.result([member.record(res, v) for res, v in zip(best[m, r], values[m, r])], best[m, r],
+                           rho=rhos[r], seconds=seconds) for r in range(len(rhos))]
+            for m, member in enumerate(members)]
 
 
-def _run_lockstep(searches: list, batch: _Problems, x, y) -> list[SolverResult]:
+def _run_lockstep(searches: list, batch: _Lockstep, x, y) -> list[SolverResult]:
     """Advance every search to its next point, evaluate the points together, send the values
     back; until all have finished."""
     results: list[SolverResult | None] = [None] * len(searches)
@@ -226,12 +227,12 @@ def _run_lockstep(searches: list, batch: _Problems, x, y) -> list[SolverResult]:
     return results  # type: ignore[return-value]
 
 
-def _evaluate_subset(batch: _Problems, keys: list[int], xs: list[list[Tensor]], x, y):
+def _evaluate_subset(batch: _Lockstep, keys: list[int], xs: list[list[Tensor]], x, y):
     """Evaluate some of the problems (searches that asked for an extra point: a restart's
     gradient with ``low_memory``)."""
-    sub = _Problems.__new__(_Problems)
-    sub.setups, sub.loss, sub.model = batch.setups, batch.loss, batch.model
-    sub.problems = [batch.problems[k] for k in keys]
+    sub = _Lockstep.__new__(_Lockstep)
+    sub.members, sub.loss, sub.trim = batch.members, batch.loss, batch.trim
+    sub.keys = [batch.keys[k] for k in keys]
     idx = torch.tensor(keys, device=next(iter(batch.const.values())).device) if batch.const else None
     sub.const = {n: t.index_select(0, idx) for n, t in batch.const.items()}
     return sub.evaluate(xs, x, y)

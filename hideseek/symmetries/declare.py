@@ -181,7 +181,7 @@ def rotary_columns(r: int, dk: int, pairing, where: str = "") -> tuple[tuple, tu
     return pairs, tuple(range(r, dk))
 
 
-def _is_conv1d(mod: nn.Module | None) -> bool:
+def is_conv1d(mod: nn.Module | None) -> bool:
     """transformers' ``Conv1D`` (GPT-2 family): a linear map with weight stored (in, out)."""
     return mod is not None and type(mod).__name__ == "Conv1D" and hasattr(mod, "nf")
 
@@ -205,7 +205,7 @@ def declare_attention(model: nn.Module, module: str, *, heads: int, o: Proj, q: 
     if transposed is None:
         projs = [modules[_p(module, p)] for p in (q, k, v, qkv, kv, o)
                  if isinstance(p, str) and _p(module, p) in modules]
-        convs = [_is_conv1d(m) for m in projs]
+        convs = [is_conv1d(m) for m in projs]
         if any(convs) and not all(convs):
             raise ValueError(f"declare_attention({module!r}): some projections are Conv1D and some "
                              "not; pass transposed= explicitly")

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .base import AttentionBlock, LinearRef, SymmetryBlock, UnsupportedAttentionError
-from .declare import AttentionSpec, _is_conv1d, declared_spec
+from .declare import AttentionSpec, is_conv1d, declared_spec
 from .lora import adapter_params, base_of, lora_pairs
 
 __all__ = ["UnsupportedAttentionError", "find_symmetries"]
@@ -291,7 +291,7 @@ def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | Non
     """``c_attn`` (+ ``q_attn`` for cross-attention) and ``c_proj``: GPT-2 (Conv1D, packed
     ``[Q; K; V]``) and GPT-BigCode (Linear; multi-query ``[Q; k; v]``, else per head)."""
     c_attn, c_proj = _child(mod, "c_attn"), _child(mod, "c_proj")
-    if not ((_is_conv1d(c_attn) or _linear(c_attn)) and (_is_conv1d(c_proj) or _linear(c_proj))):
+    if not ((is_conv1d(c_attn) or _linear(c_attn)) and (is_conv1d(c_proj) or _linear(c_proj))):
         return None
     cls = type(mod).__name__
     if cls.endswith("GPT2Attention"):
@@ -307,8 +307,8 @@ def _gpt2_block(name: str, mod: nn.Module, info: _Model) -> AttentionBlock | Non
     heads = _num_heads(mod, info.model)
     if heads is None:
         raise UnsupportedAttentionError(f"{name}: cannot tell the number of heads")
-    transposed = _is_conv1d(c_attn)
-    if _is_conv1d(c_proj) != transposed:
+    transposed = is_conv1d(c_attn)
+    if is_conv1d(c_proj) != transposed:
         raise UnsupportedAttentionError(f"{name}: c_attn and c_proj mix Conv1D and Linear")
     if getattr(mod, "is_cross_attention", False):
         if layout == "per_head" or getattr(mod, "q_attn", None) is None:

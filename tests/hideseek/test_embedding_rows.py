@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import hideseek as hs
-import hideseek.sharpness as sh
+import hideseek.problem as sh
 from hideseek import embedding_rows as er
 from tests.models import bert_batch, tiny_bert
 
@@ -58,7 +58,8 @@ def test_values_equal_with_and_without_the_row_restriction(model, measure, monke
         assert on.norm_share[k] == pytest.approx(v, rel=1e-12, abs=1e-15)
     best_on, best_off = on.solver[1].best, off.solver[1].best
     assert [t.shape for t in best_on] == [t.shape for t in best_off]     # expanded back to full shape
-    assert all(torch.equal(a, b) for a, b in zip(best_on, best_off))
+    # the maximiser: equal up to the rounding of the norm that scales it onto the sphere
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12 * float(b.abs().max())) for a, b in zip(best_on, best_off))
 
 
 def test_rows_are_those_the_batch_looks_up(model, monkeypatch, restricted):
@@ -68,8 +69,7 @@ def test_rows_are_those_the_batch_looks_up(model, monkeypatch, restricted):
         assert torch.equal(rows["bert.embeddings.word_embeddings.weight"], torch.unique(x["input_ids"]))
         assert torch.equal(rows["bert.embeddings.position_embeddings.weight"],
                            torch.arange(x["input_ids"].shape[1]))       # positions, looked up inside the model
-        assert torch.equal(rows["bert.embeddings.token_type_embeddings.weight"],
-                           torch.unique(x["token_type_ids"]))
+        assert torch.equal(rows["bert.embeddings.token_type_embeddings.weight"], torch.tensor([0]))  # default type
 
 
 @pytest.mark.parametrize("kw", [dict(random_start=True), dict(restarts=2), dict(kind="average")])

@@ -81,7 +81,8 @@ def bars(monkeypatch):
 
 def _mha_batches(n):
     g = torch.Generator().manual_seed(0)
-    return [(torch.randn(5, 4, 12, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(n)]
+    return [(torch.randn(5, 4, 12, generator=g, dtype=torch.float64), torch.randint(0, 3, (5,), generator=g))
+            for _ in range(n)]
 
 
 def test_a_single_batch_call_counts_auto_pgd_iterations(bars):
@@ -89,7 +90,7 @@ def test_a_single_batch_call_counts_auto_pgd_iterations(bars):
     res = hs.sharpness(MHAClassifier(), _mha_batches(1), "adaptive", rho=0.05, n_iters=6, callback=seen.append)
     (bar,) = bars
     assert bar.kw["total"] == 6 and bar.n == 6 and bar.closed and bar.kw["delay"] == prog.DELAY
-    assert float(bar.postfix["best"]) == pytest.approx(res.value, rel=1e-3)
+    assert float(bar.postfix["best_loss"]) == pytest.approx(res.base_losses[0] + res.value, rel=1e-5)
     assert len(seen) == 7                                         # the user's callback still sees every step
     bars.clear()
     hs.sharpness(MHAClassifier(), _mha_batches(3), "adaptive", rho=0.05, n_iters=2)
