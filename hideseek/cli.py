@@ -376,8 +376,8 @@ def _run(args) -> int:
 def _record(res, measure: Measure, rho_choice: dict) -> dict:
     """The JSON of ``--out``: the result, the library version, the measure and how ρ was
     chosen (``rho_choice``: ``rule`` ``"given"``, or suggest_rho's rule, target and trace)."""
-    from . import __version__
-    return {**res.to_dict(), "hideseek_version": __version__,
+    import hideseek
+    return {**res.to_dict(), "hideseek_version": hideseek.__version__,
             "measure": {"name": measure.name, **measure.to_dict()}, "rho_choice": rho_choice}
 
 

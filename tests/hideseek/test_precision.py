@@ -2,10 +2,9 @@
 
 References: the float32 copy of the same weights (a bfloat16 base upcast exactly), the loss
 recomputed by hand from float32 logits, and the fresh-adapter / zero-weight messages.  The
-LoRA layers are stand-ins with what peft's ``LoraLayer`` holds (``base_layer``, ``lora_A`` /
-``lora_B`` ModuleDicts of bias-free Linears, a ``scaling`` dict) and computes (the adapter in
-its own dtype, float32 on a half-precision base as peft's ``autocast_adapter_dtype`` does, the
-sum cast back to the base's dtype): hideseek recognises peft layers by that structure."""
+LoRA layers are :class:`benchmarks.models.LoraLinear` stand-ins with what peft's ``LoraLayer``
+holds and computes (peft is not a test dependency): hideseek recognises peft layers by that
+structure."""
 import copy
 import warnings
 
@@ -19,40 +18,14 @@ from hideseek import SharpnessInputError
 from hideseek.inputs import default_loss
 from hideseek.precision import own_loss
 
+from benchmarks import models
+
 tr = pytest.importorskip("transformers")
 
 
-class LoraLinear(nn.Module):
-    """peft's ``lora.Linear`` in miniature: ``base(x) + s · B A x``."""
-
-    def __init__(self, base: nn.Linear, r: int = 4, alpha: float = 12.0, fresh: bool = False):
-        super().__init__()
-        self.base_layer = base
-        self.lora_A = nn.ModuleDict({"default": nn.Linear(base.in_features, r, bias=False)})
-        self.lora_B = nn.ModuleDict({"default": nn.Linear(r, base.out_features, bias=False)})
-        self.scaling = {"default": alpha / r}
-        if fresh:
-            nn.init.zeros_(self.lora_B["default"].weight)     # peft's default initialisation
-
-    def forward(self, x):
-        result = self.base_layer(x)
-        a, b = self.lora_A["default"], self.lora_B["default"]
-        return (result + b(a(x.to(a.weight.dtype))) * self.scaling["default"]).to(result.dtype)
-
-
 def lora_llama(dtype, fresh=False, seed=0):
-    """A tiny grouped-query Llama (4 query heads, 2 key/value heads) with LoRA adapters on its
-    attention projections: the base frozen in ``dtype``, the adapters trainable in float32."""
-    torch.manual_seed(seed)
-    cfg = tr.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    model = tr.LlamaForCausalLM(cfg).to(dtype).requires_grad_(False)
-    torch.manual_seed(seed + 1)
-    for layer in model.model.layers:
-        att = layer.self_attn
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            setattr(att, name, LoraLinear(getattr(att, name), fresh=fresh))
-    return model.eval()
+    """A tiny grouped-query Llama with LoRA stand-ins on its attention (benchmarks.models)."""
+    return models.lora_llama(dtype, fresh=fresh, seed=seed, use_peft=False)
 
 
 def float32_copy(model):
