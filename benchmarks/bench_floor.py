@@ -223,6 +223,7 @@ def main(argv=None) -> int:
         write_report()
         return 0
     root = Path(args.root)
+    commit = _commit(root)            # the version measured: read before the runs
     hs = _import_root(root)
     import torch
     torch.set_num_threads(args.threads)
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
             for name in args.models.split(",")]
     machine["load_avg_end"] = os.getloadavg()
     label = args.label or ("after" if root.resolve() == ROOT.resolve() else "before")
-    out = dict(label=label, commit=_commit(root), machine=machine, runs=runs)
+    out = dict(label=label, commit=commit, machine=machine, runs=runs)
     text = json.dumps(out, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")

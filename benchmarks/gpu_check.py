@@ -72,8 +72,7 @@ def check_nccl(device: torch.device, n_iters: int = 6) -> dict:
         worst = 0.0
         for name, measure in MEASURES.items():
             plain = build("tiny-bert").double().to(device)
-            ref = _quiet(hs.sharpness, plain, batches, measure, rho=0.1, n_iters=n_iters, progress=False,
-                         distributed=False)
+            ref = _quiet(hs.sharpness, plain, batches, measure, rho=0.1, n_iters=n_iters, progress=False)
             ddp = torch.nn.parallel.DistributedDataParallel(build("tiny-bert").double().to(device))
             r_ddp = _quiet(hs.sharpness, ddp, batches, measure, rho=0.1, n_iters=n_iters, progress=False)
             sharded = build("tiny-bert").double().to(device)
