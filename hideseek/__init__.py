@@ -9,6 +9,7 @@ Riemannian Geometry Finds It* (da Silva, Dangel, Oore, ICML 2025).
 """
 from .geometry import AdaptiveGeometry, PairGeometry, ProductGeometry
 from .measures import Measure
+from .problem import SharpnessProblem
 from .relative_flatness import RelativeFlatnessResult, relative_flatness
 from .rho import RhoSuggestion, suggest_rho
 from .sharpness import SharpnessInputError, SharpnessResult, sharpness
@@ -32,6 +33,6 @@ def __getattr__(name: str):
 
 __all__ = ["AdaptiveGeometry", "AttentionBlock", "AttentionSpec", "DiagonalPair", "FactorPair", "Measure",
            "PairGeometry", "PairGroup", "ProductGeometry", "RelativeFlatnessResult", "RhoSuggestion", "SharpnessInputError",
-           "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
+           "SharpnessProblem", "SharpnessResult", "SolverResult", "SolverStep", "SymmetryBlock", "UnsupportedAttentionError",
            "declare_attention", "find_symmetries", "optim", "relative_flatness", "sharpness", "sharpness_zoo",
            "suggest_rho"]

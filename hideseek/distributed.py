@@ -217,6 +217,18 @@ class ShardedFree:
         return self.inner.draw(local_randn)
 
 
+def reshard(model: nn.Module) -> None:
+    """Free every FSDP2 unit's gathered weights, so that the next forward pass gathers the
+    shards again: after a forward pass without a backward one (the deterministic-loss check,
+    the average case) FSDP2 keeps the root's gathered weights, which would not see a point
+    written into the shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def sharded_geometry(measure: Measure, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock],
                      comm: Collectives, *, names: Sequence[str] | None = None,
                      local: Mapping[str, Tensor] | None = None):
@@ -279,15 +291,7 @@ class ShardedModel:
 
     # the parameters as points
     def _reshard(self) -> None:
-        """Free every FSDP2 unit's gathered weights, so that the next forward pass gathers the
-        shards again: after a forward pass without a backward one (the deterministic-loss
-        check, the average case) FSDP2 keeps the root's gathered weights, which would not see
-        the point written into the shards."""
-        from torch.distributed.fsdp import FSDPModule
-
-        for m in self.model.modules():
-            if isinstance(m, FSDPModule):
-                m.reshard()
+        reshard(self.model)
 
     def _write(self, values: Mapping[str, Tensor]) -> None:
         """Write whole (pair) or local (free) values into the parameters' local shards."""

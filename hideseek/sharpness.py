@@ -48,7 +48,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
               random_start: bool = False, on_unsupported: str = "raise", exclude: Sequence[str] = (),
               autocast: str | torch.dtype | None = None, progress: bool = True, checks: bool = True,
               callback: Callable[[SolverStep], Any] | None = None, low_memory: bool | None = None,
-              restarts: int = 1,
+              restarts: int = 1, distributed: bool | str = "auto",
               metric: str | None = None, norm: str | None = None, christoffel: bool | str | None = None,
               eps: float | None = None, p: str | None = None, kind: str | None = None) -> SharpnessResult:
     """Worst-case (Auto-PGD) or average-case sharpness of ``model`` on ``batches``.
@@ -146,6 +146,17 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         touch, :mod:`hideseek.embedding_rows`), where memory limits, ``False`` below, where the extra
         passes would cost time for nothing.  Every value is the same either way.  See
         ``reports/benchmarks.md`` for the memory of a call.
+    distributed:
+        ``"auto"`` (default), ``True`` or ``False``: in an initialised ``torch.distributed``
+        process group of two or more ranks (``"auto"``), or insisting on one (``True``), the
+        ranks are combined — each rank passes its own batches and every rank returns the
+        result over all of them, rank 0's first, equal to one process measuring them all: a
+        ``DistributedDataParallel``-wrapped or unwrapped model (its weights the same on every
+        rank, checked) is searched per rank on its own batches; an FSDP2 model
+        (``fully_shard``) is measured on its shards, every rank taking part in every batch.
+        ``False``: this rank's batches alone (refused for FSDP2 shards).  The result's
+        ``parallel``, ``world_size``, ``combined``, ``batches_per_rank`` and ``collectives``
+        say what happened; :mod:`hideseek.distributed`.  Every rank must make the call.
     metric, norm, christoffel, eps, p, kind:
         Keyword form, a convenience: each one given (not ``None``) replaces that field of
         ``measure`` (see :meth:`Measure.from_keywords`): ``metric`` ``"invariant"`` (paper
@@ -158,5 +169,5 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
                             pairs=pairs, n_samples=n_samples, random_start=random_start,
                             on_unsupported=on_unsupported, exclude=exclude, autocast=autocast,
                             progress=progress, checks=checks, callback=callback, low_memory=low_memory,
-                            restarts=restarts, metric=metric, norm=norm, christoffel=christoffel, eps=eps,
+                            restarts=restarts, distributed=distributed, metric=metric, norm=norm, christoffel=christoffel, eps=eps,
                             p=p, kind=kind).run()

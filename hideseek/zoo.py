@@ -47,6 +47,12 @@ def _check_zoo(models: Sequence[nn.Module]) -> list[nn.Module]:
     return models
 
 
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def _rhos(rho) -> tuple[list[float], bool]:
     """The radii as a list, and whether a sequence was given."""
     many = not isinstance(rho, numbers.Real)
@@ -129,7 +135,9 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     same :func:`hideseek.problem.resolve`, so an unknown one is refused in one line.  The zoo
     runs the worst case from ξ = 0 without a per-iteration observer: ``kind="average"``,
     ``n_samples``, ``random_start=True`` and ``callback`` are refused, saying so.
-    ``progress`` shows a bar over each chunk's batches.
+    ``progress`` shows a bar over each chunk's batches.  In a ``torch.distributed`` process
+    group the zoo is refused unless ``distributed=False`` (each rank then measures its own
+    batches, not combined): combine ranks with :func:`hideseek.sharpness` per model.
 
     Models whose forward ``torch.func.vmap`` cannot run (data-dependent control flow, in-place
     updates of buffers, ...) are refused with the reason.
@@ -154,6 +162,10 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     models = _check_zoo([unwrap_model(m) for m in models])
     members = [SharpnessProblem(models[0], batches, measure, settings=settings)]
     members += [SharpnessProblem(m, members[0].data, measure, settings=settings) for m in models[1:]]
+    if members[0].parallel != "none":
+        raise ValueError(f"sharpness_zoo runs on one process, but this is rank {_rank()} of a process group "
+                         f"({members[0].parallel} parallel): pass distributed=False to measure this rank's "
+                         "batches alone (not combined), or call hs.sharpness per model to combine the ranks")
     out: list = []
     for c0 in range(0, len(members), chunk):
         out += _chunk(members[c0:c0 + chunk], rhos)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..distributed import Collectives, is_sharded, local_tensor, reshard, sharded_geometry, tangent_grads
 from ..measures import Measure
 from ..symmetries.base import SymmetryBlock
 from ..symmetries.discover import find_symmetries
@@ -135,6 +136,8 @@ class SAM(torch.optim.Optimizer):
                                  "hideseek recognises, or it is frozen); declare pairs=[...] or use "
                                  "Measure(geometry='adaptive') (ASAM)")
         self._backup: tuple = ()          # (perturbed parameters, their values at θ)
+        self._module = module
+        self._comm: Collectives | None = None     # FSDP2: the collectives of the sharded ascent
         #: the last first_step met a non-finite gradient and did not move (see first_step)
         self.ascent_skipped = False
 
@@ -152,32 +155,58 @@ class SAM(torch.optim.Optimizer):
         if self._backup:
             raise RuntimeError("first_step called twice: call second_step (or restore) first")
         named = [(n, p) for n, p in self._named if p.grad is not None]
+        sharded = is_sharded(self._module)
+        if not named and sharded:
+            raise RuntimeError(
+                "no trained parameter has a gradient: under FSDP2 the first pass must reduce-scatter its "
+                "gradient, so call loss.backward() without set_requires_gradient_sync(False) before first_step "
+                "(no rank holds a whole gradient to ascend along alone; docs/optim.md)")
         if not named:
             raise RuntimeError("no trained parameter has a gradient: call loss.backward() before first_step")
-        grads = [p.grad for _, p in named]
+        if sharded and self._comm is None:
+            self._comm = Collectives()
+        grads = [local_tensor(p.grad) for _, p in named]
         norms = torch._foreach_norm(grads)
-        self.ascent_skipped = not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+        bad = (~torch.isfinite(torch.stack([n.float() for n in norms]))).any().to(torch.float32)
+        if sharded:      # every rank skips when any shard's gradient is not finite
+            self._comm.all_reduce(bad.reshape(1), "max")
+        self.ascent_skipped = bool(bad)
         if self.ascent_skipped:
             return
-        params = {n: p.detach() for n, p in named}
-        blocks = [b for b in self.blocks if all(n in params for n in b.param_names)]
+        blocks = [b for b in self.blocks if all(n in dict(named) for n in b.param_names)]
         if self.measure.geometry == "geodesic" and not blocks:
             raise RuntimeError("geodesic SAM: no symmetry pair has gradients in this step (frozen or unused "
                                "attention weights?)")
-        geometry = self.measure.geometry_at(params, blocks)
-        egrad = _gradient_tangent(geometry, {n: p.grad.to(p.dtype) for n, p in named})
+        if sharded:
+            # FSDP2: free parameters on this rank's shards (norms all-reduced), pairs gathered
+            # whole (hideseek.distributed.sharded_geometry); the gradient is the reduce-scattered
+            # one, so the ascent is that of the gradient over every rank's batch
+            geometry, layouts = sharded_geometry(self.measure, dict(named), blocks, self._comm)
+            in_pairs = {n for b in blocks for n in b.param_names}
+            egrad = _gradient_tangent(geometry, tangent_grads({n: p.grad.to(p.dtype) for n, p in named},
+                                                               in_pairs, self._comm))
+        else:
+            params = {n: p.detach() for n, p in named}
+            geometry = self.measure.geometry_at(params, blocks)
+            layouts, in_pairs = {}, set()
+            egrad = _gradient_tangent(geometry, {n: p.grad.to(p.dtype) for n, p in named})
         xi = geometry.direction(egrad)
         torch._foreach_mul_(xi, self.rho)
         perturbed = geometry.point(xi)
-        moved = [p for n, p in named if n in perturbed]
+        if sharded:
+            reshard(self._module)     # the next forward pass gathers the shards written here
+        moved = [local_tensor(p) for n, p in named if n in perturbed]
         self._backup = (moved, torch._foreach_mul(moved, 1.0))          # exact copies, one fused call
-        torch._foreach_copy_(moved, [perturbed[n] for n, _ in named if n in perturbed])
+        torch._foreach_copy_(moved, [layouts[n].local(perturbed[n]) if n in in_pairs else perturbed[n]
+                                     for n, _ in named if n in perturbed])
         if zero_grad:
             self.zero_grad()
 
     @torch.no_grad()
     def restore(self) -> None:
         """Put the weights back to θ (the gradients, taken at θ̃, stay)."""
+        if self._backup and self._comm is not None:
+            reshard(self._module)
         if self._backup:
             torch._foreach_copy_(*self._backup)
         self._backup = ()
