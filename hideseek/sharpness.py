@@ -116,7 +116,10 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         the loss is scaled by 2¹⁰ before the backward pass so small gradients do not flush to
         zero (only the gradient's direction is used).  Sharpness is a difference of two
         losses, so low precision costs accuracy: ``reports/benchmarks.md`` gives the measured
-        agreement with full precision.
+        agreement with full precision.  Whatever the model computes in, the loss is taken in
+        float32 or wider, and with a half-precision forward pass (``autocast`` or half-precision
+        frozen weights) ``SharpnessResult.resolution`` says what a difference of two losses
+        can resolve; a value below it is flagged (:mod:`hideseek.precision`).
     progress:
         A progress bar over batches when ``tqdm`` is installed (the ``[progress]`` extra), or
         over Auto-PGD iterations when there is one batch (shown after
