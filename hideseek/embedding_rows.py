@@ -190,9 +190,11 @@ def batch_geometry(geometry: ProductGeometry, loss, i: int, x, y, *, from_zero: 
         rows = rec.setup_rows
     else:
         handles = rec.start()
-        with torch.no_grad():
-            loss({}, x, y)
-        rows = rec.stop(handles)
+        try:
+            with torch.no_grad():
+                loss.checked({}, x, y, i)      # the model's own errors as one line naming the batch
+        finally:
+            rows = rec.stop(handles)
     if rows is None:
         return geometry
     rows = {n: rows[n] for n in names if n in rows}
