@@ -141,6 +141,34 @@ def run(name: str, measures, repeats: int, n_iters: int, rho: float, hs) -> dict
                 repeats=repeats, measures=out, threads=torch.get_num_threads())
 
 
+def attribute(name: str, measures, n_iters: int, rho: float, hs) -> dict:
+    """Wall time of one run per measure by component (``torch.profiler`` and the labels
+    hideseek gives its phases: :class:`benchmarks.bench_sharpness.Attribution`), with the
+    floor's forward and backward passes timed alike for comparison."""
+    import warnings
+
+    import torch
+
+    from .bench_sharpness import MEASURES as SPECS, Attribution, floor_run
+
+    model, batches = _model(name), _batches(name)
+    floor_run(model, batches, 1)
+    out = {}
+    for m in measures:
+        t0 = time.perf_counter()
+        with Attribution(torch.device("cpu")) as a:
+            if m == "floor":
+                floor_run(model, batches, n_iters)
+                a.record_loop(0.0)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = hs.sharpness(model, batches, SPECS[m], rho=rho, n_iters=n_iters, progress=False)
+                a.record_loop(sum(r.seconds for r in res.solver))
+        out[m] = dict(total_s=round(time.perf_counter() - t0, 2), **{k: round(v, 2) for k, v in a.seconds.items()})
+    return dict(model=name, n_iters=n_iters, rho=rho, seconds_by_component=out)
+
+
 def _commit(root: Path) -> str:
     try:
         return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -212,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rho", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--attribute", action="store_true",
+                    help="instead of timing rounds: one profiled run per measure, time by component")
     ap.add_argument("--report", nargs="+", default=None, help="print the markdown table of these result files")
     ap.add_argument("--write-report", action="store_true",
                     help="write the generated section of reports/benchmarks.md from benchmarks/results/floor_*.json")
@@ -230,6 +260,14 @@ def main(argv=None) -> int:
     from .bench_sharpness import machine_info
     machine = machine_info("cpu")
     machine["load_avg_start"] = os.getloadavg()
+    if args.attribute:
+        runs = [attribute(name, args.measures.split(","), args.n_iters, args.rho, hs) for name in args.models.split(",")]
+        machine["load_avg_end"] = os.getloadavg()
+        text = json.dumps(dict(commit=commit, machine=machine, attribution=runs), indent=2)
+        if args.json:
+            Path(args.json).write_text(text + "\n")
+        print(text)
+        return 0
     runs = [run(name, args.measures.split(","), args.repeats, args.n_iters, args.rho, hs)
             for name in args.models.split(",")]
     machine["load_avg_end"] = os.getloadavg()
