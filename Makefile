@@ -23,15 +23,25 @@ repro: $(STAMP)
 test: $(STAMP)
 	. $(VENV)/bin/activate && python -m pytest -q
 
-# GPU checks (issue 17): the gpu-marked tests and the benchmark at the paper's sizes (BERT-base
-# 128 x 128 tokens, ViT-B/32 256 images, 20 iterations). Without CUDA: a one-line skip, exit 0.
+# GPU checks (issues 17 and 25): issue 25's new paths on one GPU first — NCCL with one rank (FSDP2
+# and DDP against the unwrapped model), LoRA on a bfloat16 base, MiniLM's cost per measure
+# (benchmarks/gpu_check.py: torch, transformers and, when present, peft; a few minutes) — then the
+# gpu-marked tests. Without CUDA: a one-line skip, exit 0. `make gpu-check-full` adds issue 17's
+# benchmarks at the paper's sizes (longer).
 GPU_PY ?= $(shell test -x $(VENV)/bin/python && echo $(VENV)/bin/python || echo python3)
-.PHONY: gpu-check
+.PHONY: gpu-check gpu-check-full
 gpu-check:
 	@if ! $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 		echo "gpu-check: skipped, no CUDA device visible to torch (nothing to check on this machine)"; \
 	else \
-		$(GPU_PY) -m pytest -q -m gpu tests/hideseek/test_gpu.py && \
+		timeout 540 $(GPU_PY) -m benchmarks.gpu_check --json benchmarks/results/gpu_check.json && \
+		if $(GPU_PY) -c "import pytest" 2>/dev/null; then \
+			$(GPU_PY) -m pytest -q -m gpu tests/hideseek/test_gpu.py; \
+		else echo "gpu-check: pytest not installed, the gpu-marked tests not run"; fi; \
+	fi
+
+gpu-check-full: gpu-check
+	@if $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 		$(GPU_PY) -m benchmarks.bench_sharpness --device cuda --models bert-base,vit-b32 --repeats 1 \
 			--no-sync-count --projection no --json benchmarks/results/cuda.json \
 			--markdown benchmarks/results/cuda.md && \

@@ -90,6 +90,60 @@ def tiny_bert() -> nn.Module:
                  intermediate_size=32, max_position_embeddings=16, num_labels=3)
 
 
+# ------------------------------------------------------------------------------- LoRA
+class LoraLinear(nn.Module):
+    """peft's ``lora.Linear`` in miniature, ``base(x) + s · B A x``, with what hideseek
+    recognises a peft layer by (``base_layer``, ``lora_A`` / ``lora_B`` ModuleDicts of
+    bias-free Linears, a ``scaling`` dict): the adapter computes in its own dtype (float32 on
+    a half-precision base, as peft's ``autocast_adapter_dtype`` makes it) and the sum is cast
+    back to the base's dtype.  ``fresh``: B = 0, peft's default initialisation."""
+
+    def __init__(self, base: nn.Linear, r: int = 4, alpha: float = 12.0, fresh: bool = False):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.ModuleDict({"default": nn.Linear(base.in_features, r, bias=False)})
+        self.lora_B = nn.ModuleDict({"default": nn.Linear(r, base.out_features, bias=False)})
+        self.scaling = {"default": alpha / r}
+        if fresh:
+            nn.init.zeros_(self.lora_B["default"].weight)
+
+    def forward(self, x):
+        result = self.base_layer(x)
+        a, b = self.lora_A["default"], self.lora_B["default"]
+        return (result + b(a(x.to(a.weight.dtype))) * self.scaling["default"]).to(result.dtype)
+
+
+def lora_llama(dtype: torch.dtype, fresh: bool = False, seed: int = 0, use_peft: bool | None = None) -> nn.Module:
+    """A tiny grouped-query Llama (vocabulary 50, 2 layers of width 32, 4 query and 2
+    key/value heads) with rank-4 LoRA adapters on its attention projections: the base frozen
+    in ``dtype``, the adapters trainable in float32.  peft's own layers when peft is
+    installed (``use_peft=None``), else :class:`LoraLinear`."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(cfg).to(dtype).requires_grad_(False)
+    torch.manual_seed(seed + 1)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    if use_peft is None:
+        try:
+            import peft  # noqa: F401
+            use_peft = True
+        except ImportError:
+            use_peft = False
+    if use_peft:
+        import peft
+        # init_lora_weights=True: B = 0 (peft's default); False: A and B random
+        lcfg = peft.LoraConfig(r=4, lora_alpha=12, target_modules=list(targets), init_lora_weights=bool(fresh))
+        return peft.get_peft_model(model, lcfg).eval()
+    for layer in model.model.layers:
+        att = layer.self_attn
+        for name in targets:
+            setattr(att, name, LoraLinear(getattr(att, name), fresh=fresh))
+    return model.eval()
+
+
 # ------------------------------------------------------------------------------ image
 class ClipClassifier(nn.Module):
     """An open_clip image tower followed, as in CLIP classifiers, by L2-normalised features,

@@ -348,8 +348,14 @@ def _run(args) -> int:
         return _symmetries(model)
     _check_data_fits(model, batches)
     rho = args.rho
+    rho_choice: dict = {"rule": "given", "rho": rho}
     if rho == "auto":
-        rho = suggest_rho(model, batches[:1], measure, rule=args.rho_rule, increase=args.rho_increase).rho
+        sug = suggest_rho(model, batches[:1], measure, rule=args.rho_rule, increase=args.rho_increase,
+                          progress=not args.quiet)
+        rho = sug.rho
+        rho_choice = {"rule": sug.rule, "rho": rho, "target": sug.target, "achieved": sug.achieved,
+                      "increase": args.rho_increase if sug.rule == "loss" else None, "batches": 1,
+                      "trace": [list(t) for t in sug.trace]}
         if not args.quiet:
             print(f"rho={rho:.4g} chosen by suggest_rho (rule {args.rho_rule})")
     res = sharpness(model, batches, measure, rho=rho, n_iters=args.n_iters, seed=args.seed,
@@ -360,12 +366,20 @@ def _run(args) -> int:
               + ", ".join(f"{k} {v:.1%}" for k, v in res.norm_share.items()))
     if args.out:
         try:
-            Path(args.out).write_text(json.dumps(res.to_dict(), indent=2, default=str))
+            Path(args.out).write_text(json.dumps(_record(res, measure, rho_choice), indent=2, default=str))
         except OSError as err:
             raise CLIError(f"--out {args.out}: cannot write ({err.strerror or err})") from None
         if not args.quiet:
             print(f"wrote {args.out}")
     return 0
+
+
+def _record(res, measure: Measure, rho_choice: dict) -> dict:
+    """The JSON of ``--out``: the result, the library version, the measure and how ρ was
+    chosen (``rho_choice``: ``rule`` ``"given"``, or suggest_rho's rule, target and trace)."""
+    import hideseek
+    return {**res.to_dict(), "hideseek_version": hideseek.__version__,
+            "measure": {"name": measure.name, **measure.to_dict()}, "rho_choice": rho_choice}
 
 
 def _fail(err) -> int:

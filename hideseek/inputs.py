@@ -8,7 +8,8 @@ same :class:`SharpnessInputError` for the same bad input:
   module; a compiled model would recompile on every perturbed forward pass);
 * :func:`check_model` — a module with materialised parameters, in eval mode, finite weights;
 * :func:`check_batches` — batches as ``(inputs, labels)`` pairs, or Hugging Face dicts
-  holding ``"labels"``; :func:`to_device` moves one batch;
+  holding ``"labels"`` (a list of two dicts is two batches); integer images refused where
+  the model expects floats; :func:`to_device` moves one batch;
 * :func:`logits_of`, :func:`default_loss`, :func:`accepts_labels`, :class:`Loss` — the model's
   logits, the default loss and the functional loss at given parameters;
 * :func:`check_finite_loss` — a NaN or infinite loss is refused naming the batch and the cause.
@@ -23,6 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+
+from .embedding_rows import RowRecorder
+from .precision import ActivationProbe, check_loss_dtype, forward_dtype, own_loss, upcast_logits
 
 __all__ = ["Loss", "SharpnessInputError", "accepts_labels", "check_batches", "check_finite_loss",
            "check_model", "default_loss", "logits_of", "to_device", "unwrap_model"]
@@ -108,6 +112,28 @@ def _one_batch(i: int, b) -> tuple[Any, Any]:
     return x, y
 
 
+#: input names under which a model expects images (floats)
+IMAGE_KEYS = ("pixel_values", "pixel_values_videos", "images", "image", "video", "videos")
+
+
+def _check_images(i: int, x) -> None:
+    """Integer images (uint8 / int64 pixels) where the model expects floats are refused: a
+    model reads them as numbers 0 … 255, not as the normalised images it was trained on.
+    Images: inputs named as in :data:`IMAGE_KEYS`, or a positional integer tensor of 4 or more
+    dimensions (a batch of images), or of 3 or more in uint8."""
+    named = x.items() if isinstance(x, Mapping) else [(None, x)]
+    for key, v in named:
+        if not isinstance(v, Tensor) or v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
+            continue
+        image = key in IMAGE_KEYS if key is not None else (v.dim() >= 4 or (v.dtype == torch.uint8 and v.dim() >= 3))
+        if image:
+            what = f"{key!r}" if key is not None else "the inputs"
+            raise SharpnessInputError(
+                f"batch {i}: {what} are integer images ({str(v.dtype).removeprefix('torch.')}, shape {tuple(v.shape)}) "
+                "but the model expects floats: convert them as the model was trained (its image processor, or "
+                "x.float() / 255 and its normalisation)")
+
+
 def check_batches(batches: Iterable) -> list[tuple[Any, Any]]:
     """The batches as a list of ``(inputs, labels)``.  Accepted: an iterable (list,
     DataLoader) of pairs or of dicts holding ``"labels"``; one pair ``(inputs, labels)`` or
@@ -117,8 +143,10 @@ def check_batches(batches: Iterable) -> list[tuple[Any, Any]]:
                                   "DataLoader or [(x, y)], not a single tensor")
     # A list of batches never holds a bare tensor or a dict without labels: such a first
     # element means one (inputs, labels) pair was passed on its own.
+    # Two dicts are two batches (labels are never a dict of inputs).
     if isinstance(batches, Mapping) or (isinstance(batches, (tuple, list)) and len(batches) == 2 and (
-            isinstance(batches[0], Tensor) or (isinstance(batches[0], Mapping) and "labels" not in batches[0]))):
+            isinstance(batches[0], Tensor) or (isinstance(batches[0], Mapping) and "labels" not in batches[0]
+                                              and not isinstance(batches[1], Mapping)))):
         batches = [batches]
     try:
         items = list(batches)
@@ -128,6 +156,8 @@ def check_batches(batches: Iterable) -> list[tuple[Any, Any]]:
     out = [_one_batch(i, b) for i, b in enumerate(items)]
     if not out:
         raise SharpnessInputError("batches is empty")
+    for i, (x, _) in enumerate(out):
+        _check_images(i, x)
     return out
 
 
@@ -156,11 +186,13 @@ def logits_of(out) -> Tensor:
 
 def default_loss(out, y: Tensor) -> Tensor:
     """The model's own ``.loss`` when it returns one (Hugging Face models given
-    ``labels``), else the mean cross-entropy of the logits."""
+    ``labels``), else the mean cross-entropy of the logits — in float32 or wider whatever
+    the model computes in (half-precision logits are read in float32; a half-precision
+    ``.loss`` is recomputed from float32 logits, :func:`hideseek.precision.own_loss`)."""
     loss = getattr(out, "loss", None)
     if isinstance(loss, Tensor):
-        return loss
-    return F.cross_entropy(logits_of(out), y)
+        return own_loss(loss, getattr(out, "logits", None), y)
+    return F.cross_entropy(upcast_logits(logits_of(out)), y)
 
 
 def accepts_labels(model: nn.Module) -> bool:
@@ -203,6 +235,15 @@ class Loss:
                  device: torch.device) -> None:
         self.model, self.amp_dtype, self.device = model, amp_dtype, device
         self.loss_fn = loss_fn or default_loss
+        self.user_loss = loss_fn is not None
+        #: the half-precision dtype of the forward pass (None: full precision) and, from the
+        #: first call (the set-up pass), the resolution of a difference of two losses
+        #: (hideseek.precision)
+        self.forward_dtype = forward_dtype(model, amp_dtype)
+        self.resolution: float | None = None
+        #: rows of large embeddings looked up, recorded on the first call (hideseek.embedding_rows)
+        self.rows = RowRecorder(model)
+        self._first = True
         self.pass_labels = accepts_labels(model)
         #: the loss is multiplied by this before a backward pass (float16: keep small
         #: gradients from flushing to zero; only the gradient's direction is used)
@@ -215,9 +256,36 @@ class Loss:
         return functional_call(self.model, params, (), {**x, **kw})
 
     def __call__(self, params: Mapping[str, Tensor], x, y) -> Tensor:
+        if self._first:
+            return self._first_call(params, x, y)
         amp = self.amp_dtype
         with torch.autocast(self.device.type, dtype=amp, enabled=amp is not None):
             loss = self.loss_fn(self.output(params, x, y), y)
+        if self.user_loss:
+            check_loss_dtype(loss)
+        return loss.float() if amp is not None and isinstance(loss, Tensor) else loss
+
+    def _first_call(self, params: Mapping[str, Tensor], x, y) -> Tensor:
+        """The first call (the set-up pass): also records the embedding rows looked up and,
+        for a half-precision forward pass, the loss's resolution."""
+        self._first = False
+        amp = self.amp_dtype
+        handles = self.rows.start() if self.rows else []
+        probe = ActivationProbe(self.model) if self.forward_dtype is not None else None
+        probing = probe.start() if probe is not None else []
+        try:
+            with torch.autocast(self.device.type, dtype=amp, enabled=amp is not None):
+                out = self.output(params, x, y)
+                loss = self.loss_fn(out, y)
+        finally:
+            if self.rows:
+                self.rows.setup_rows = self.rows.stop(handles)
+            ActivationProbe.stop(probing)
+        if self.user_loss:
+            check_loss_dtype(loss)
+        if probe is not None and isinstance(loss, Tensor) and loss.numel() == 1:
+            self.resolution = probe.resolution(loss, out, self.forward_dtype)
+        del out, probe
         return loss.float() if amp is not None and isinstance(loss, Tensor) else loss
 
     def checked(self, params: Mapping[str, Tensor], x, y, i: int) -> Tensor:

@@ -37,10 +37,13 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
+from .embedding_rows import RowsGeometry, batch_geometry, searched_elements
 from .geometry.space import ProductGeometry
 from .inputs import Loss, SharpnessInputError, check_batch_losses, check_batches, check_finite_loss, \
     check_model, to_device, unwrap_model
 from .measures import Measure
+from .precision import annotate as annotate_precision, check_fresh_lora
+from .progress import Progress
 from .solvers.apgd import SolverResult, SolverStep, apgd, average_case
 from .symmetries.base import SymmetryBlock
 from .symmetries.discover import find_symmetries
@@ -98,6 +101,12 @@ class SharpnessResult:
     #: the collectives hideseek itself called, by name (FSDP2's own all-gathers and
     #: reduce-scatters inside each pass not counted): docs/architecture.md, "Ranks"
     collectives: dict[str, int] = field(default_factory=dict)
+    #: a half-precision forward pass (half-precision weights, frozen ones included, or
+    #: ``autocast``): what a difference of two losses cannot resolve (computed on batch 0,
+    #: :func:`hideseek.precision.loss_resolution`), and whether ``|value|`` is below it (then
+    #: a warning says so); ``None`` / ``False`` in full precision
+    resolution: float | None = None
+    below_resolution: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -562,6 +571,8 @@ class SharpnessProblem:
         self._loss0: Tensor | None = None
         self._setup_grads: dict[str, Tensor] | None = None
         self._accounting: list[SymmetryBlock] | None | bool = False   # not yet looked up
+        #: the solver's observer during :meth:`run` (the user's callback and the progress bar)
+        self.observer: Callable[[SolverStep], Any] | None = None
 
     # ------------------------------------------------------------------ set-up
     def set_up(self) -> "SharpnessProblem":
@@ -583,6 +594,8 @@ class SharpnessProblem:
         self.blocks = _symmetry_blocks(model, self.measure, all_params, used, s.pairs, s.on_unsupported,
                                        self.exclude)
         params = {n: all_params[n] for n in all_params if n in used}
+        if self.measure.eps == 0:
+            check_fresh_lora(self.blocks, all_params)     # B = 0: a singular pair, named (hideseek.precision)
         if self.shards is None:
             self.geometry = self.measure.geometry_at(params, self.blocks)
         else:   # local shards for free parameters, pairs gathered; the set-up gradient likewise
@@ -605,16 +618,22 @@ class SharpnessProblem:
     def keep_best_grad(self) -> bool:
         """Auto-PGD keeps the gradient at its best point: ``not low_memory``, where
         ``low_memory=None`` means ``True`` from :data:`LOW_MEMORY_FROM` perturbed elements."""
-        low = self.settings.low_memory
-        return not (self.n_perturbed >= LOW_MEMORY_FROM if low is None else low)
+        return self.keeps_best_grad(self.n_perturbed)
 
-    def take_start(self) -> tuple[Tensor, list[Tensor]]:
+    def keeps_best_grad(self, searched: int) -> bool:
+        """:attr:`keep_best_grad` for a search holding ``searched`` elements (a batch's
+        restricted search, :func:`hideseek.embedding_rows.searched_elements`)."""
+        low = self.settings.low_memory
+        return not (searched >= LOW_MEMORY_FROM if low is None else low)
+
+    def take_start(self, geometry: ProductGeometry | None = None) -> tuple[Tensor, list[Tensor]]:
         """``(L(θ), ∂L/∂ξ at ξ = 0)`` on the first batch from the set-up pass, which the
-        problem then lets go of (the caller owns the gradient).  Once only."""
+        problem then lets go of (the caller owns the gradient).  Once only.  ``geometry``:
+        the first batch's (default :attr:`geometry`)."""
         grads, self._setup_grads = self._setup_grads, None
         if grads is None:
             raise RuntimeError("the set-up pass was already taken (take_start once, after set_up)")
-        start = self._loss0, self.geometry.pullback(grads)
+        start = self._loss0, (geometry or self.geometry).pullback(grads)
         if self.trim:
             release_freed_memory()     # the set-up's temporaries (second pass, geometry) are freed
         return start
@@ -659,9 +678,13 @@ class SharpnessProblem:
             x, y = self.data[i]
         x, y = _to(x, self.device), _to(y, self.device)
         geom = self.geometry
-        f = self.objective(x, y)
+        if self.shards is None:   # the batch's own rows of large embeddings only (hideseek.embedding_rows)
+            geom = batch_geometry(geom, self.loss, i, x, y, setup_grads=self._setup_grads,
+                                  from_zero=self.measure.kind == "worst" and not s.random_start and s.restarts == 1)
+        f = self.objective(x, y) if geom is self.geometry else BatchObjective(self.loss, geom, x, y, trim=self.trim)
         gen = self.generator(i if index is None else index)
-        cb = None if s.callback is None else functools.partial(_tag_batch, s.callback, i if index is None else index)
+        user = s.callback if self.observer is None else self.observer
+        cb = None if user is None else functools.partial(_tag_batch, user, i if index is None else index)
         if self.measure.kind == "average":
             res = average_case(f.value, geom, rho, s.n_samples or s.n_iters, gen, callback=cb)
             return res, [res.value]
@@ -670,11 +693,13 @@ class SharpnessProblem:
             start = self.random_point(rho, gen) if s.random_start or j > 0 else None
             # the set-up pass is the gradient at ξ = 0 on batch 0, handed over as a callable so
             # that the solver alone holds it (and frees it once it has moved on)
-            first = self.take_start if i == 0 and j == 0 and start is None else None
+            first = functools.partial(self.take_start, geom) if i == 0 and j == 0 and start is None else None
             if first is None:
                 self.drop_start()
             res = apgd(f.objective, geom, rho, s.n_iters, x0=start, f0=f0, callback=cb, start=first,
-                       keep_best_grad=self.keep_best_grad)
+                       keep_best_grad=self.keeps_best_grad(searched_elements(geom, self.n_perturbed)))
+            if isinstance(geom, RowsGeometry) and res.best:
+                res.best = geom.expand(res.best)     # the full geometry's tangent (zero on the rows left out)
             del start
             f0 = res.f0                       # L(θ): the later starts need not evaluate it again
             values.append(res.value)
@@ -715,7 +740,7 @@ class SharpnessProblem:
                       n_batches=len(records),
                       autocast=None if amp_dtype is None else str(amp_dtype).removeprefix("torch."))
         values = [r.value for r in records]
-        return SharpnessResult(
+        result = SharpnessResult(
             value=sum(values) / len(values), per_batch=values, base_losses=[r.base for r in records],
             name=measure.name, config=config, seconds=seconds,
             n_perturbed=self.geometry.dimension() if self.shards is None else self.shards.dimension(self.geometry),
@@ -723,6 +748,9 @@ class SharpnessProblem:
             solver=list(solver), measure=measure, norm_share=_mean_shares(shares),
             restart_values=[list(r.starts) for r in records],
             perturbed_params=self.perturbed, n_perturbed_params=len(self.perturbed), **extra)
+        # resolution of a half-precision forward pass, an exact 0 on zero weights (hideseek.precision)
+        annotate_precision(result, self.loss.resolution, self.loss.forward_dtype, self.geometry)
+        return result
 
     # ------------------------------------------------------------------ all of it
     def run(self) -> SharpnessResult:
@@ -735,9 +763,18 @@ class SharpnessProblem:
         t_start = time.perf_counter()
         self.set_up()
         records, solver = [], []
-        for i, (x, y) in enumerate(with_progress(self.data, self.measure.name, self.settings.progress)):
-            res, starts = self.measure_batch(i, x, y)
-            check_batch_losses(i, res.f0, res.value, y)
-            records.append(self.record(res, starts))
-            solver.append(res)
+        s = self.settings
+        # a bar over batches, or over Auto-PGD iterations when there is one batch (hideseek.progress)
+        bar = Progress(len(self.data), (s.n_samples or s.n_iters) if self.measure.kind == "average"
+                       else s.n_iters * s.restarts, self.measure.name, s.progress)
+        try:
+            self.observer = bar.callback(s.callback)
+            for i, (x, y) in enumerate(bar.batches(self.data)):
+                res, starts = self.measure_batch(i, x, y)
+                check_batch_losses(i, res.f0, res.value, y)
+                records.append(self.record(res, starts))
+                solver.append(res)
+        finally:
+            self.observer = None
+            bar.close()
         return self.result(records, solver, seconds=time.perf_counter() - t_start)

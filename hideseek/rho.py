@@ -45,6 +45,7 @@ from torch import nn
 
 from .inputs import SharpnessInputError, check_batches
 from .measures import Measure
+from .progress import evaluation_bar
 from .sharpness import CORRECTION_BOUND, sharpness
 
 __all__ = ["RhoSuggestion", "suggest_rho"]
@@ -66,12 +67,14 @@ class RhoSuggestion:
 def suggest_rho(model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,
                 rule: str = "loss", increase: float = 0.1, bound: float = CORRECTION_BOUND,
                 n_iters: int = 5, start: float = 0.1, steps: int = 8, seed: int = 0,
-                max_rho: float = 1e4, **kw: Any) -> RhoSuggestion:
+                max_rho: float = 1e4, progress: bool = True, **kw: Any) -> RhoSuggestion:
     """A radius for ``measure`` on ``model`` and ``batches`` by ``rule`` (module docstring):
     ``"loss"`` — the ρ whose sharpness is ``increase × L(θ)``; ``"correction"`` — the largest
     ρ whose second-order correction ratio stays below ``bound``.  ``kw`` go to
     :func:`hideseek.sharpness` (``loss_fn``, ``pairs``, ``exclude``, …).  One or a few batches
     suffice; each evaluation is one :func:`~hideseek.sharpness` call with ``n_iters`` steps.
+    ``progress``: a bar counting the evaluations, with the last ρ and quantity (tqdm;
+    ``progress=False`` for none).
 
     >>> hs.suggest_rho(model, [batch], "geodesic_mixed").rho               # doctest: +SKIP
     """
@@ -87,6 +90,7 @@ def suggest_rho(model: nn.Module, batches: Iterable, measure: Measure | str = Me
                          f"{measure.name}; use rule='loss'")
     data = check_batches(batches)
     trace: list[tuple[float, float]] = []
+    bar = evaluation_bar(f"suggest_rho ({rule}, {measure.name})", progress)
 
     def quantity(rho: float) -> float:
         with warnings.catch_warnings():
@@ -95,8 +99,18 @@ def suggest_rho(model: nn.Module, batches: Iterable, measure: Measure | str = Me
         q = res.value if rule == "loss" else max(res.correction_ratio, default=0.0)
         quantity.base = sum(res.base_losses) / len(res.base_losses)
         trace.append((rho, q))
+        bar.update(1)
+        bar.set_postfix(rho=f"{rho:.3g}", quantity=f"{q:.3g}")
         return q
 
+    try:
+        return _search(quantity, trace, rule, increase, bound, start, steps, max_rho, measure)
+    finally:
+        bar.close()
+
+
+def _search(quantity, trace, rule, increase, bound, start, steps, max_rho, measure) -> RhoSuggestion:
+    """The bracket and the bisection of :func:`suggest_rho` (module docstring)."""
     lo = hi = float(start)
     q = quantity(lo)
     target = increase * quantity.base if rule == "loss" else float(bound)

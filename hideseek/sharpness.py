@@ -116,10 +116,15 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         the loss is scaled by 2¹⁰ before the backward pass so small gradients do not flush to
         zero (only the gradient's direction is used).  Sharpness is a difference of two
         losses, so low precision costs accuracy: ``reports/benchmarks.md`` gives the measured
-        agreement with full precision.
+        agreement with full precision.  Whatever the model computes in, the loss is taken in
+        float32 or wider, and with a half-precision forward pass (``autocast`` or half-precision
+        frozen weights) ``SharpnessResult.resolution`` says what a difference of two losses
+        can resolve; a value below it is flagged (:mod:`hideseek.precision`).
     progress:
-        A progress bar over batches when ``tqdm`` is installed (the ``[progress]`` extra);
-        ``progress=False`` for none.  Without tqdm there is silently none.
+        A progress bar over batches when ``tqdm`` is installed (the ``[progress]`` extra), or
+        over Auto-PGD iterations when there is one batch (shown after
+        :data:`hideseek.progress.DELAY` seconds); ``progress=False`` for none.  Without tqdm
+        there is silently none.
     checks:
         Check eval mode, finite weights and a deterministic loss before starting.
     callback:
@@ -139,8 +144,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         point older than the current one takes the gradient there again, one more forward
         and backward pass, at most one per step-size checkpoint (7 at 20 iterations, see
         :func:`~hideseek.solvers.apgd.apgd_checkpoints`).  ``False``: the gradient is kept.
-        ``None`` (default): ``True`` for models with at least :data:`LOW_MEMORY_FROM`
-        (2**24) perturbed elements, where memory limits, ``False`` below, where the extra
+        ``None`` (default): ``True`` when the search holds at least :data:`LOW_MEMORY_FROM`
+        (2**24) elements (the perturbed ones less the embedding rows a batch does not
+        touch, :mod:`hideseek.embedding_rows`), where memory limits, ``False`` below, where the extra
         passes would cost time for nothing.  Every value is the same either way.  See
         ``reports/benchmarks.md`` for the memory of a call.
     distributed:

