@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from companion import analysis, paper
+from companion.params import from_mapping
 
 STAGE = "paired"
 LABELS = {"adaptive": "adaptive", "geodesic_invariant": "geodesic, invariant",
@@ -86,8 +87,6 @@ class PairedSettings:
 
 def load_settings(params: dict) -> PairedSettings:
     """Typed settings from the stage's resolved ``params`` (every key required)."""
-    from companion.params import from_mapping   # here, so that Table 1 imports this module without the library
-
     s = from_mapping(PairedSettings, params, "params.yaml paired")
     unknown = [m for m in [s.baseline, *s.geodesic] if m not in paper.TABLE1_MEASURES]
     if unknown:

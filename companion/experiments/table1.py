@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 from companion import paper
-from companion.experiments import paired
 from companion.metrics import read_metrics, table1_entries
 
 MEASURES = paper.TABLE1_MEASURES
@@ -98,18 +97,24 @@ def collect_deltas(metrics_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     return out
 
 
-def paper_delta(row: str, g: str) -> float:
-    """The paper's Δ for ``row`` and geodesic measure ``g`` (:func:`companion.experiments.paired.paper_delta`)."""
-    return paired.paper_delta(row, g, MEASURES[0])
+def paper_delta(deltas: dict[str, dict[str, Any]], row: str, g: str) -> float | None:
+    """The paper's Δ for ``row`` and geodesic measure ``g`` as the stage ``paired`` computed it from
+    :mod:`companion.paper` (:func:`companion.experiments.paired.paper_delta`); None when no entry of that row."""
+    for d in deltas.values():
+        if d["row"] == row and g in d.get("paper_delta", {}):
+            return float(d["paper_delta"][g])
+    return None
 
 
-def _delta_columns(row: dict[str, Any], source: str, d: dict[str, Any] | None) -> dict[str, Any]:
+def _delta_columns(row: dict[str, Any], source: str, d: dict[str, Any] | None,
+                   deltas: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``delta_tau_<g>`` (+ interval, power, verdict) of a line: the paper's Δ on the paper's line, ours on the
     primary line the stage ``paired`` measured, empty elsewhere."""
     out: dict[str, Any] = {}
     for g in GEODESIC:
-        if source == "paper" and row["row"] in ("vision", "language"):
-            out[f"delta_tau_{g}"] = paper_delta(row["row"], g)
+        if source == "paper":
+            p = paper_delta(deltas, row["row"], g)
+            out[f"delta_tau_{g}"] = "" if p is None else p
         else:
             out[f"delta_tau_{g}"] = d["delta"][g] if d else ""
         out[f"delta_tau_{g}_ci_low"] = d["ci"][g][0] if d else ""
@@ -174,7 +179,7 @@ def _reliability_str(e: dict[str, Any], m: str) -> str:
 
 
 def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: str,
-            delta: dict[str, Any] | None = None) -> dict[str, Any]:
+            delta: dict[str, Any] | None = None, deltas: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One CSV record: the paper's line (``e`` None, values from ``row``), a line of ours, or a
     placeholder for a row no stage produced; ``delta``: the paired Δτ entry of a primary line."""
     e = e or {}
@@ -188,7 +193,7 @@ def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: 
             **{f"{m}_ci_low": (ci.get(m) or ["", ""])[0] for m in MEASURES},
             **{f"{m}_ci_high": (ci.get(m) or ["", ""])[1] for m in MEASURES},
             **_spread_columns(e.get("spread") or {}), **_reliability_columns(e),
-            **_delta_columns(row, source, delta), "status": status}
+            **_delta_columns(row, source, delta, deltas or {}), "status": status}
 
 
 def _cell(e: dict[str, Any], m: str) -> str:
@@ -264,12 +269,12 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     for row in PAPER_ROWS:
         lines.append(f"| {row['setting']} | paper | – | – | – | – | – | "
                      + " | ".join(f"{row['paper'][m]:+.2f}" for m in MEASURES) + " |")
-        records.append(_record(row, "paper", None, "paper"))
+        records.append(_record(row, "paper", None, "paper", deltas=deltas))
         ours = sorted(entries[row["row"]], key=lambda e: not e.get("primary"))
         if not ours:
             lines.append(f"| {row['ours']} | ours | – | – | – | – | – | "
                          + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
-            records.append(_record(row, "ours", None, NOT_COMPUTED))
+            records.append(_record(row, "ours", None, NOT_COMPUTED, deltas=deltas))
             continue
         for e in ours:
             label = row["ours"] + (f" ({e['variant']})" if e.get("variant") else "")
@@ -277,7 +282,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             lines.append(f"| {label} | ours | {_status(e)} | {e['profile']} | {e.get('n_models', '')} | "
                          f"{_rho_str(e.get('rho'))} | {'–' if rel is None else f'{rel:.2f}'} | "
                          + " | ".join(_cell(e, m) for m in MEASURES) + " |")
-            records.append(_record(row, "ours", e, "computed", deltas.get(e["stage"]) if e.get("primary") else None))
+            records.append(_record(row, "ours", e, "computed", deltas.get(e["stage"]) if e.get("primary") else None,
+                                   deltas))
             notes += ceiling_notes(row, e)
     if notes:
         lines += ["", "Rows that cannot show the paper's effect:", "", *notes]
@@ -321,7 +327,7 @@ def delta_section(metrics_dir: str | os.PathLike, entries: dict[str, list[dict[s
         if not ours:
             continue
         out.append(f"| {row['setting']} | paper | {paper.TABLE1_N_MODELS[row['row']]} | "
-                   + " | ".join(_fmt(paper_delta(row["row"], g)) for g in GEODESIC) + " |")
+                   + " | ".join(_fmt(paper_delta(deltas, row["row"], g)) for g in GEODESIC) + " |")
         for e, d in ours:
             out.append(f"| {row['ours']} ({e.get('variant') or 'primary'}) | ours | {d['n_models']} | "
                        + " | ".join(_delta_cell(d, g) for g in GEODESIC) + " |")

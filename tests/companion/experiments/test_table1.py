@@ -122,7 +122,7 @@ def test_paired_delta_columns_attach_to_the_primary_line_and_the_paper_delta_is_
              "delta": {"geodesic_invariant": -0.1, "geodesic_mixed": 0.05},
              "ci": {"geodesic_invariant": [-0.2, -0.01], "geodesic_mixed": [-0.03, 0.12]},
              "power": {"geodesic_invariant": 0.9, "geodesic_mixed": 0.8},
-             "paper_delta": {}, "expected_at_paper": {},
+             "paper_delta": {"geodesic_invariant": 0.3, "geodesic_mixed": 0.29}, "expected_at_paper": {},
              "verdict": {"geodesic_invariant": "contradicts the paper's direction", "geodesic_mixed": "inconclusive"}}
     (mdir / "paired.json").write_text(json.dumps({"profile": "cpu", "delta_tau": [delta],
                                                   "findings": ["head", "line a", "line b", "exploratory c"],
@@ -135,8 +135,9 @@ def test_paired_delta_columns_attach_to_the_primary_line_and_the_paper_delta_is_
     assert float(prim["delta_tau_geodesic_invariant"]) == -0.1
     assert float(prim["delta_tau_geodesic_mixed_ci_high"]) == 0.12 and float(prim["power_delta_geodesic_mixed"]) == 0.8
     assert expl["delta_tau_geodesic_invariant"] == ""                  # exploratory lines carry no Δ
-    p = paper.table1_tau("vision")                                     # the paper's Δ: sign(τ)·(τ_g − τ_adaptive)
-    assert float(pap["delta_tau_geodesic_invariant"]) == pytest.approx(-(p["geodesic_invariant"] - p["adaptive"]))
+    assert float(pap["delta_tau_geodesic_invariant"]) == 0.3           # the paper's Δ as the stage paired wrote it
+    lang = [r for r in rows if r["row"] == "language" and r["source"] == "paper"][0]
+    assert lang["delta_tau_geodesic_invariant"] == ""                 # no paired entry for that row
     text = md.read_text()
     assert "Paired Δτ" in text and "contradicts the paper's direction" in text and "exploratory c" in text
     block = table1.readme_summary(csvp, table1.delta_sentences(mdir, primary_only=True))
