@@ -269,6 +269,17 @@ def scrub_notebook(path: str | os.PathLike, stage: str | None = None, root: str 
     return "".join(removed)
 
 
+def _stage_timing(out_dir: Path, stage: str, seconds: float) -> None:
+    """Add the stage's own wall time (``stage_wall_s``: the notebook's execution, as ``make repro`` spends it) to
+    its timings file ``out_dir/timings/<stage>.json`` (created if the notebook wrote none); git only, read by
+    :mod:`companion.budget`."""
+    path = out_dir / "timings" / f"{stage}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data["stage_wall_s"] = round(float(seconds), 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
 def _publish(stage: str, reports: Path, staging: Path, out_dir: Path, nb_out: Path, head) -> tuple:
     """Old marker out, folders and notebook in, the metrics file (the marker) in last."""
     metrics_src = out_dir / "metrics" / f"{stage}.json"
@@ -357,6 +368,7 @@ def run_stage(
     sys.stderr.write(scrub_notebook(nb_out, stage, root))   # the run's log, not the report
 
     head = _finish_metrics(stage, profile, stage_params, out_dir / "metrics" / f"{stage}.json", staging, nb_out)
+    _stage_timing(out_dir, stage, seconds)
     nb_dst, metrics_dst, figures, data = _publish(stage, reports, staging, out_dir, nb_out, head)
     shutil.rmtree(staging, ignore_errors=True)
     try:

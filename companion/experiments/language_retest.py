@@ -253,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--params", default=None)
     args = ap.parse_args(argv)
+    import time
+
+    t0 = time.perf_counter()
     profile, s = load_settings(args.profile, args.params)
     frame, primary = pd.read_csv(args.sharpness), pd.read_csv(args.primary)
     table = curve(frame, primary, s)
@@ -266,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     wide.to_csv(Path(args.data).with_name("plot_retest_by_batches.csv"), index=False)
     figure(table, metrics, Path(args.figure))
     write_json(args.metrics, metrics)
+    timings = Path(args.metrics).parent.parent / "timings" / "language_retest.json"   # git only (companion.budget)
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    timings.write_text(json.dumps({"stage_wall_s": round(time.perf_counter() - t0, 1)}, indent=1) + "\n")
     print("\n".join(metrics["findings"]))
     return 0
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import os
 import tempfile
@@ -429,7 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="reports")
     ap.add_argument("--readme", default=None, help="also refresh this README's generated Table 1 block")
     args = ap.parse_args(argv)
+    import time
+
+    t0 = time.perf_counter()
     md, csv_path = write(args.metrics_dir, args.out_dir)
+    timings = Path(args.out_dir) / "timings" / "table1.json"     # git only (companion.budget), no DVC output
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    timings.write_text(json.dumps({"stage_wall_s": round(time.perf_counter() - t0, 1)}, indent=1) + "\n")
     if args.readme:
         note = retest_note(args.metrics_dir)
         update_readme(args.readme, csv_path, delta_sentences(args.metrics_dir, primary_only=True)

@@ -132,6 +132,7 @@ def test_published_notebook_holds_no_wall_clock_and_timings_go_to_git_only(tmp_p
     assert "progress 3/3" in capfd.readouterr().err                 # echoed to the terminal instead
     timings = root / "reports" / "timings" / "demo.json"            # published beside, not a metrics key
     assert json.loads(timings.read_text())["total"] >= 0 and "total" not in json.loads(res.metrics.read_text())
+    assert json.loads(timings.read_text())["stage_wall_s"] >= 0                 # the pipeline adds the stage's wall time
     assert executed.metadata.papermill.parameters["params"] == {"slope": 2, "figname": "a.png"}   # the rest kept
     pdf = (root / "reports" / "figures" / "demo" / "a.pdf").read_bytes()
     assert b"/CreationDate (D:19700101000000Z)" in pdf                # no run date in a figure either
