@@ -37,7 +37,7 @@ def _plain(res):
     return dict(per_batch=res.per_batch, base=res.base_losses, value=res.value, parallel=res.parallel,
                 world_size=res.world_size, combined=res.combined, batches_per_rank=res.batches_per_rank,
                 collectives=res.collectives, n_perturbed=res.n_perturbed, pairs=len(res.pairs),
-                restart_values=res.restart_values)
+                restart_values=res.restart_values, norm_share=res.norm_share)
 
 
 def _fsdp(model):
@@ -99,6 +99,7 @@ def test_ddp_equals_one_process_over_every_rank_batches():
             _close(got, ref, 1e-10)
             assert (got["parallel"], got["world_size"], got["combined"]) == ("data", 2, True)
             assert got["batches_per_rank"] == [1, 3] and got["n_perturbed"] == ref.n_perturbed
+            assert got["norm_share"] == pytest.approx(ref.norm_share, rel=1e-8)
             assert set(got["collectives"]) == {"all_gather_object"}
         _close(out["restarts"], restart_ref, 1e-10)
         got = [v for s in out["restarts"]["restart_values"] for v in s]
@@ -150,6 +151,9 @@ def test_fsdp2_equals_one_process_over_every_rank_batches():
             assert got["collectives"]["all_reduce_sum"] > 0                 # the free shards' norms
         assert "all_gather" not in out["f64"][0]["collectives"]            # adaptive: no pair gathered
         assert out["f64"][1]["collectives"]["all_gather"] > 0 and out["f64"][1]["pairs"] > 0
+        assert out["f64"][0]["norm_share"] == {}                          # adaptive: not on shards
+        for got, ref in zip(out["f64"][1:], refs[1:]):                     # geodesic: the pairs' share
+            assert got["norm_share"] == pytest.approx(ref.norm_share, rel=1e-8) and ref.norm_share
         _close(out["f32"], f32, 1e-5, of_loss=True)
         _close(out["average"], avg, 1e-10)
         _close(out["rank0"], refs[0], 1e-10)
