@@ -10,7 +10,7 @@ The peak includes what FSDP2 itself gathers during a pass (a layer's weights; th
 embeddings, pooler, classifier — for the whole pass) and the activations; ``floor_copies``
 is the same for one forward and backward pass (what training holds).  (Peak resident memory
 was tried first: at this model size gloo's and FSDP2's fixed buffers and the allocator's
-slack dominate it, 20–55 "copies" that say nothing about the search; so did summing the
+slack dominate it, tens of "copies" that say nothing about the search; so did summing the
 operators' own memory, which FSDP2's annotations count twice.)
 
 The GL(h) pairs' parameters are gathered whole on every rank

@@ -716,7 +716,10 @@ class SharpnessProblem:
         if self.blocks and self.measure.christoffel is True and res.best:
             ratio = self.geometry.correction_ratio(res.best)
         if self._accounting is False:
-            self._accounting = _accounting_blocks(self.model, self.measure, self.blocks)
+            # on FSDP2 shards the adaptive measure's attention accounting (which splits whole
+            # weights into heads) is not made: its share is left empty
+            self._accounting = None if self.shards is not None and not self.blocks else \
+                _accounting_blocks(self.model, self.measure, self.blocks)
         if self._accounting is not None and res.best:
             share = norm_share(self.geometry, res.best, self._accounting) or None
         return BatchRecord(value=res.value, base=res.f0, starts=list(starts), ratio=ratio, share=share)
