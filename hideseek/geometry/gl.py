@@ -150,8 +150,13 @@ class PairGeometry:
         return self.impl.acceleration_at(G, H, vG, vH, self.eps)
 
     def _monitor(self):
-        """A rank-loss monitor for metrics with incomplete geodesics (None for complete ones)."""
-        return None if self.impl.complete else _geo.RankLossMonitor(self.G, self.H)
+        """A rank-loss monitor for metrics with incomplete geodesics (None for complete ones);
+        the smallest Gram eigenvalues at the (fixed) start are computed once."""
+        if self.impl.complete:
+            return None
+        if getattr(self, "_start_eigenvalues", None) is None:
+            self._start_eigenvalues = _geo.gram_min_eigenvalues(self.G, self.H)
+        return _geo.RankLossMonitor(self.G, self.H, start_eigenvalues=self._start_eigenvalues)
 
     def choose_geodesic_steps(self, xG: Tensor, xH: Tensor, t: float = 1.0, rtol: float | None = None) -> int | None:
         """RK4 step count for velocities like ξ: step doubling in float64 without autograd

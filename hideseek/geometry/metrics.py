@@ -76,7 +76,7 @@ def _generalised_eigh(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
     return w, _t(Li) @ U
 
 
-def _inv64(S: Tensor) -> Tensor:
+def _inv_moving(S: Tensor) -> Tensor:
     """Inverse of a batch of small SPD matrices at a moving point (differentiable), in the
     working dtype: the Gram matrix itself is formed in that dtype, so a float64 inverse
     would add two conversions (and their backward) per call without more accuracy."""
@@ -87,6 +87,16 @@ def gram(G: Tensor, H: Tensor, eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor
     """``(S_G, S_H, S̃_G, S̃_H)`` with ``S̃ = S + ε I``, batched (dtype of the inputs)."""
     SG, SH = _t(G) @ G, _t(H) @ H
     return SG, SH, SG + eps * _eye_like(SG), SH + eps * _eye_like(SH)
+
+
+def _relaxed_gram_inverses(G: Tensor, H: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(S̃_G⁻¹, S̃_H⁻¹)`` at a moving point, with as few tensor operations as possible (the
+    integrated geodesic calls this four times per RK4 step, forward and backward)."""
+    SG, SH = _t(G) @ G, _t(H) @ H
+    if eps:
+        eye = torch.eye(SG.shape[-1], dtype=SG.dtype, device=SG.device)
+        SG, SH = SG + eps * eye, SH + eps * eye
+    return _inv_moving(SG), _inv_moving(SH)
 
 
 class PairMetric:
@@ -284,8 +294,7 @@ class InvariantMetric(PairMetric):
 
     @classmethod
     def acceleration_at(cls, G, H, xG, xH, eps=0.0):
-        _, _, SGt, SHt = gram(G, H, eps)
-        return cls._accel(G, H, _inv64(SGt), _inv64(SHt), xG, xH)
+        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
@@ -340,8 +349,7 @@ class MixedMetric(PairMetric):
 
     @classmethod
     def acceleration_at(cls, G, H, xG, xH, eps=0.0):
-        _, _, SGt, SHt = gram(G, H, eps)
-        return cls._accel(G, H, _inv64(SGt), _inv64(SHt), xG, xH)
+        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
