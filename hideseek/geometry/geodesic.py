@@ -76,6 +76,10 @@ class RankLossMonitor:
             G, H = G.detach(), H.detach()
             self.grams.append((_t(G) @ G, _t(H) @ H))
 
+    def record(self, SG: Tensor, SH: Tensor) -> None:
+        """Add a point by its Gram matrices ``GᵀG``, ``HᵀH`` (formed by the caller anyway)."""
+        self.grams.append((SG.detach(), SH.detach()))
+
     def check(self, t: float) -> None:
         if not self.grams:
             return

@@ -198,8 +198,22 @@ class PairGeometry:
                 n = 1
             else:
                 self.geodesic_steps = n
-        return _geo.rk4_geodesic(self._accel_at, self.G, self.H, xG, xH, n, t, monitor=self._monitor(),
-                                 first_accel=self.acceleration(xG, xH))[0]
+        monitor = self._monitor()
+        if monitor is None:
+            return _geo.rk4_geodesic(self._accel_at, self.G, self.H, xG, xH, n, t,
+                                     first_accel=self.acceleration(xG, xH))[0]
+
+        def accel(g, h, vg, vh):
+            # the Gram matrices of every point where Γ is evaluated (each stage point, each
+            # step's start) serve both Γ and the rank-loss monitor
+            grams = (_t(g) @ g, _t(h) @ h)
+            monitor.record(*grams)
+            return self.impl.acceleration_at(g, h, vg, vh, self.eps, grams=grams)
+
+        end = _geo.rk4_geodesic(accel, self.G, self.H, xG, xH, n, t, first_accel=self.acceleration(xG, xH))[0]
+        monitor(*end, t)          # and the end point
+        monitor.check(t)
+        return end
 
 
 def _inv_sqrt_spd(M: Tensor) -> Tensor:

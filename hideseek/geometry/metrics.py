@@ -89,10 +89,12 @@ def gram(G: Tensor, H: Tensor, eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor
     return SG, SH, SG + eps * _eye_like(SG), SH + eps * _eye_like(SH)
 
 
-def _relaxed_gram_inverses(G: Tensor, H: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def _relaxed_gram_inverses(G: Tensor, H: Tensor, eps: float,
+                           grams: "tuple[Tensor, Tensor] | None" = None) -> tuple[Tensor, Tensor]:
     """``(S̃_G⁻¹, S̃_H⁻¹)`` at a moving point, with as few tensor operations as possible (the
-    integrated geodesic calls this four times per RK4 step, forward and backward)."""
-    SG, SH = _t(G) @ G, _t(H) @ H
+    integrated geodesic calls this four times per RK4 step, forward and backward);
+    ``grams``: ``(GᵀG, HᵀH)`` when the caller has formed them."""
+    SG, SH = (_t(G) @ G, _t(H) @ H) if grams is None else grams
     if eps:
         eye = torch.eye(SG.shape[-1], dtype=SG.dtype, device=SG.device)
         SG, SH = SG + eps * eye, SH + eps * eye
@@ -208,9 +210,10 @@ class PairMetric:
 
     @classmethod
     def acceleration_at(cls, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor,
-                        eps: float = 0.0) -> tuple[Tensor, Tensor]:
+                        eps: float = 0.0, grams: "tuple[Tensor, Tensor] | None" = None) -> tuple[Tensor, Tensor]:
         """``−Γ_{(G,H)}(ξ, ξ)`` at any point (batched, differentiable in all arguments; the
-        Gram inverses of *that* point).  Generic: the geodesic equation of a block metric,
+        Gram inverses of *that* point; ``grams = (GᵀG, HᵀH)`` if the caller has them, a hint
+        that closed forms may use).  Generic: the geodesic equation of a block metric,
         ``−Γ(ξ, ξ) = g⁻¹[½ ∇(ξᵀ g ξ) − Dg[ξ] ξ]``, with the derivatives of :meth:`blocks`
         by forward- and reverse-mode autograd."""
         def quad(Gp, Hp):
@@ -293,8 +296,8 @@ class InvariantMetric(PairMetric):
         return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
 
     @classmethod
-    def acceleration_at(cls, G, H, xG, xH, eps=0.0):
-        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps), xG, xH)
+    def acceleration_at(cls, G, H, xG, xH, eps=0.0, grams=None):
+        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps, grams), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
@@ -348,8 +351,8 @@ class MixedMetric(PairMetric):
         return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
 
     @classmethod
-    def acceleration_at(cls, G, H, xG, xH, eps=0.0):
-        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps), xG, xH)
+    def acceleration_at(cls, G, H, xG, xH, eps=0.0, grams=None):
+        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps, grams), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
