@@ -64,8 +64,9 @@ class RankLossMonitor:
     matrices; :meth:`check` tests them all in one batched float64 Cholesky and raises if one
     failed: one host sync per integration."""
 
-    def __init__(self, G: Tensor, H: Tensor, fraction: float | None = None) -> None:
-        lg, lh = gram_min_eigenvalues(G, H)
+    def __init__(self, G: Tensor, H: Tensor, fraction: float | None = None,
+                 start_eigenvalues: "tuple[Tensor, Tensor] | None" = None) -> None:
+        lg, lh = gram_min_eigenvalues(G, H) if start_eigenvalues is None else start_eigenvalues
         f = RANK_LOSS_FRACTION if fraction is None else fraction
         self.floor_G, self.floor_H = (f * lg)[:, None, None], (f * lh)[:, None, None]
         self.grams: list[tuple[Tensor, Tensor]] = []
@@ -74,6 +75,10 @@ class RankLossMonitor:
         with torch.no_grad():      # the h × h Gram matrices only (the points stay with autograd)
             G, H = G.detach(), H.detach()
             self.grams.append((_t(G) @ G, _t(H) @ H))
+
+    def record(self, SG: Tensor, SH: Tensor) -> None:
+        """Add a point by its Gram matrices ``GᵀG``, ``HᵀH`` (formed by the caller anyway)."""
+        self.grams.append((SG.detach(), SH.detach()))
 
     def check(self, t: float) -> None:
         if not self.grams:

@@ -150,8 +150,13 @@ class PairGeometry:
         return self.impl.acceleration_at(G, H, vG, vH, self.eps)
 
     def _monitor(self):
-        """A rank-loss monitor for metrics with incomplete geodesics (None for complete ones)."""
-        return None if self.impl.complete else _geo.RankLossMonitor(self.G, self.H)
+        """A rank-loss monitor for metrics with incomplete geodesics (None for complete ones);
+        the smallest Gram eigenvalues at the (fixed) start are computed once."""
+        if self.impl.complete:
+            return None
+        if getattr(self, "_start_eigenvalues", None) is None:
+            self._start_eigenvalues = _geo.gram_min_eigenvalues(self.G, self.H)
+        return _geo.RankLossMonitor(self.G, self.H, start_eigenvalues=self._start_eigenvalues)
 
     def choose_geodesic_steps(self, xG: Tensor, xH: Tensor, t: float = 1.0, rtol: float | None = None) -> int | None:
         """RK4 step count for velocities like ξ: step doubling in float64 without autograd
@@ -193,8 +198,22 @@ class PairGeometry:
                 n = 1
             else:
                 self.geodesic_steps = n
-        return _geo.rk4_geodesic(self._accel_at, self.G, self.H, xG, xH, n, t, monitor=self._monitor(),
-                                 first_accel=self.acceleration(xG, xH))[0]
+        monitor = self._monitor()
+        if monitor is None:
+            return _geo.rk4_geodesic(self._accel_at, self.G, self.H, xG, xH, n, t,
+                                     first_accel=self.acceleration(xG, xH))[0]
+
+        def accel(g, h, vg, vh):
+            # the Gram matrices of every point where Γ is evaluated (each stage point, each
+            # step's start) serve both Γ and the rank-loss monitor
+            grams = (_t(g) @ g, _t(h) @ h)
+            monitor.record(*grams)
+            return self.impl.acceleration_at(g, h, vg, vh, self.eps, grams=grams)
+
+        end = _geo.rk4_geodesic(accel, self.G, self.H, xG, xH, n, t, first_accel=self.acceleration(xG, xH))[0]
+        monitor(*end, t)          # and the end point
+        monitor.check(t)
+        return end
 
 
 def _inv_sqrt_spd(M: Tensor) -> Tensor:

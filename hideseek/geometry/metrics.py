@@ -76,7 +76,7 @@ def _generalised_eigh(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
     return w, _t(Li) @ U
 
 
-def _inv64(S: Tensor) -> Tensor:
+def _inv_moving(S: Tensor) -> Tensor:
     """Inverse of a batch of small SPD matrices at a moving point (differentiable), in the
     working dtype: the Gram matrix itself is formed in that dtype, so a float64 inverse
     would add two conversions (and their backward) per call without more accuracy."""
@@ -87,6 +87,18 @@ def gram(G: Tensor, H: Tensor, eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor
     """``(S_G, S_H, S̃_G, S̃_H)`` with ``S̃ = S + ε I``, batched (dtype of the inputs)."""
     SG, SH = _t(G) @ G, _t(H) @ H
     return SG, SH, SG + eps * _eye_like(SG), SH + eps * _eye_like(SH)
+
+
+def _relaxed_gram_inverses(G: Tensor, H: Tensor, eps: float,
+                           grams: "tuple[Tensor, Tensor] | None" = None) -> tuple[Tensor, Tensor]:
+    """``(S̃_G⁻¹, S̃_H⁻¹)`` at a moving point, with as few tensor operations as possible (the
+    integrated geodesic calls this four times per RK4 step, forward and backward);
+    ``grams``: ``(GᵀG, HᵀH)`` when the caller has formed them."""
+    SG, SH = (_t(G) @ G, _t(H) @ H) if grams is None else grams
+    if eps:
+        eye = torch.eye(SG.shape[-1], dtype=SG.dtype, device=SG.device)
+        SG, SH = SG + eps * eye, SH + eps * eye
+    return _inv_moving(SG), _inv_moving(SH)
 
 
 class PairMetric:
@@ -198,9 +210,10 @@ class PairMetric:
 
     @classmethod
     def acceleration_at(cls, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor,
-                        eps: float = 0.0) -> tuple[Tensor, Tensor]:
+                        eps: float = 0.0, grams: "tuple[Tensor, Tensor] | None" = None) -> tuple[Tensor, Tensor]:
         """``−Γ_{(G,H)}(ξ, ξ)`` at any point (batched, differentiable in all arguments; the
-        Gram inverses of *that* point).  Generic: the geodesic equation of a block metric,
+        Gram inverses of *that* point; ``grams = (GᵀG, HᵀH)`` if the caller has them, a hint
+        that closed forms may use).  Generic: the geodesic equation of a block metric,
         ``−Γ(ξ, ξ) = g⁻¹[½ ∇(ξᵀ g ξ) − Dg[ξ] ξ]``, with the derivatives of :meth:`blocks`
         by forward- and reverse-mode autograd."""
         def quad(Gp, Hp):
@@ -283,9 +296,8 @@ class InvariantMetric(PairMetric):
         return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
 
     @classmethod
-    def acceleration_at(cls, G, H, xG, xH, eps=0.0):
-        _, _, SGt, SHt = gram(G, H, eps)
-        return cls._accel(G, H, _inv64(SGt), _inv64(SHt), xG, xH)
+    def acceleration_at(cls, G, H, xG, xH, eps=0.0, grams=None):
+        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps, grams), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
@@ -339,9 +351,8 @@ class MixedMetric(PairMetric):
         return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
 
     @classmethod
-    def acceleration_at(cls, G, H, xG, xH, eps=0.0):
-        _, _, SGt, SHt = gram(G, H, eps)
-        return cls._accel(G, H, _inv64(SGt), _inv64(SHt), xG, xH)
+    def acceleration_at(cls, G, H, xG, xH, eps=0.0, grams=None):
+        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps, grams), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):

@@ -61,7 +61,8 @@ class PairStack:
     Pairs of equal shape are stacked over blocks (heads, layers) into one
     :class:`~hideseek.geometry.gl.PairGeometry` each; the part owns ``[ξ_G, ξ_H]`` per
     stack.  The step is the metric's geodesic: second order (``christoffel=True``),
-    straight (``False``) or closed-form (``"exact"``).
+    straight (``False``) or the geodesic itself (``"exact"``: closed form for GL(1), else
+    integrated, docs/maths.md §5.6).
     """
 
     def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock], *,
@@ -300,8 +301,8 @@ class ProductGeometry:
         horizontal perturbations) or ``"adaptive"`` (:class:`AdaptiveBallPairStack`, the
         Christoffel-only ablation).
     christoffel:
-        ``True`` second-order geodesic step, ``False`` straight step, ``"exact"`` closed-form
-        geodesics (invariant metric, h = 1, ε = 0).
+        ``True`` second-order geodesic step, ``False`` straight step, ``"exact"`` the geodesic
+        itself (closed form for GL(1), ε = 0; integrated otherwise, docs/maths.md §5.6).
     p:
         ``"l2"`` or ``"linf"``; ``"linf"`` is only defined without pairs (adaptive ℓ∞).
     pair_part:

@@ -60,12 +60,12 @@ def test_bad_rules_refused(setup):
 
 
 def test_large_correction_advice_works(setup):
-    """The warning's advice (suggest_rho) runs on this model; the old advice
-    (christoffel='exact') is gone."""
+    """The warning's advice runs on this model: suggest_rho, and step='exact' (the
+    integrated geodesic, any h since issue 26)."""
     model, data = setup
     with pytest.warns(RuntimeWarning, match=r"correction is large .*hs.suggest_rho.*--rho auto") as rec:
         hs.sharpness(model, data, "geodesic_mixed", rho=50.0, n_iters=3, progress=False)
-    assert not any("exact" in str(w.message) for w in rec)
+    assert any("step='exact'" in str(w.message) for w in rec)
     assert hs.suggest_rho(model, data, "geodesic_mixed", rule="correction").rho < 50.0
 
 

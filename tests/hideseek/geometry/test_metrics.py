@@ -113,3 +113,34 @@ def test_product_geometry_is_a_solver_geometry():
     for p in ("l2", "linf"):
         assert isinstance(ProductGeometry(params, (), p=p), SolverGeometry)
     assert not isinstance(object(), SolverGeometry)
+
+
+@pytest.mark.usefixtures("float64_default")
+def test_the_adding_a_metric_recipe_of_the_architecture_doc_works(monkeypatch):
+    """docs/architecture.md, "Adding a metric": its code block, run as written (the registry
+    restored afterwards), registers a metric that Measure knows and whose generic projection
+    is horizontal and whose generic Christoffel contraction matches the reference."""
+    import re
+    from pathlib import Path
+
+    from hideseek.reference import christoffel_contraction
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "architecture.md").read_text()
+    section = text.split("### Adding a metric", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.setattr("hideseek.geometry.metrics.METRICS", dict(METRICS))
+    import hideseek.geometry.metrics as metrics_module
+    ns: dict = {}
+    exec(compile(code, "architecture.md", "exec"), ns)
+    cls = metrics_module.METRICS["blend"]
+    assert hs.Measure(metric="blend").name == "geodesic_blend"
+    g = torch.Generator().manual_seed(4)
+    G, H, xG, xH = [torch.randn(2, r, 2, generator=g) for r in (4, 3, 4, 3)]
+    pg = PairGeometry(G, H, cls)
+    pG, pH = pg.project(xG, xH)
+    assert float(pg.horizontal_residual(pG, pH).abs().max()) < 1e-10
+    theta = torch.cat([G[0].reshape(-1), H[0].reshape(-1)])
+    v = torch.cat([xG[0].reshape(-1), xH[0].reshape(-1)])
+    ref = -christoffel_contraction(lambda th: pair_metric_tensor(th, 4, 3, 2, cls), theta, v)
+    aG, aH = pg.acceleration(xG, xH)
+    torch.testing.assert_close(torch.cat([aG[0].reshape(-1), aH[0].reshape(-1)]), ref, rtol=1e-9, atol=1e-12)
