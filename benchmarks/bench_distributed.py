@@ -3,14 +3,15 @@
 Spawns ``--world`` gloo processes on 127.0.0.1 (CPU), shards a model with
 ``torch.distributed.fsdp.fully_shard`` (each layer, then the root) and measures one
 ``hs.sharpness`` call per measure on each rank: the peak bytes of CPU tensors alive during
-the call above those alive at its start (:class:`TensorPeak`: ``torch.profiler``'s memory
-records of every allocation and free), divided by the bytes of this rank's shard of the
+the call above those alive at its start (:class:`TensorPeak`: ``torch.profiler``'s allocation
+records, the CPU allocator's running total), divided by the bytes of this rank's shard of the
 parameters: **copies of the local shard**.  ``--world 1`` is one process without sharding.
 The peak includes what FSDP2 itself gathers during a pass (a layer's weights; the root's —
 embeddings, pooler, classifier — for the whole pass) and the activations; ``floor_copies``
 is the same for one forward and backward pass (what training holds).  (Peak resident memory
 was tried first: at this model size gloo's and FSDP2's fixed buffers and the allocator's
-slack dominate it, 20–55 "copies" that say nothing about the search.)
+slack dominate it, 20–55 "copies" that say nothing about the search; so did summing the
+operators' own memory, which FSDP2's annotations count twice.)
 
 The GL(h) pairs' parameters are gathered whole on every rank
 (:class:`hideseek.distributed.ShardedModel`), so their part does not shrink with the ranks:
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "distributed_memory.json"
 README = ROOT / "README.md"
 REPORT = ROOT / "reports" / "benchmarks.md"
-MEASURES = ("m_apgd_l2", "geodesic_invariant", "geodesic_mixed")
+MEASURES = ("m_apgd_l2", "geodesic_mixed")
 
 
 # ---------------------------------------------------------------------------- launcher
@@ -93,37 +94,38 @@ def spawn(fn: Callable, world: int, *args: Any, timeout: float = 120.0) -> list[
 
 # ---------------------------------------------------------------------------- the model
 def bench_model(seed: int = 0):
-    """A BERT large enough for the peaks to stand clear of the allocator's noise (float32, 3.2 M
-    parameters): 4 layers, width 256, 4 heads, a 4000-token vocabulary."""
+    """A small BERT (float32, 0.6 M parameters): 2 layers, width 128, 4 heads, a 2000-token
+    vocabulary.  The accounting counts tensors exactly, so the size only sets the share of
+    activations and of FSDP2's gathered units."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.BertConfig(vocab_size=4000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                  intermediate_size=512, max_position_embeddings=64, num_labels=3)
+    cfg = transformers.BertConfig(vocab_size=2000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=256, max_position_embeddings=64, num_labels=3)
     return transformers.BertForSequenceClassification(cfg).eval()
 
 
-def bench_batches(n: int = 4, rows: int = 2, length: int = 16):
+def bench_batches(n: int = 1, rows: int = 4, length: int = 16):
     import torch
 
     out = []
     for s in range(n):
         g = torch.Generator().manual_seed(100 + s)
-        out.append(({"input_ids": torch.randint(0, 4000, (rows, length), generator=g)},
+        out.append(({"input_ids": torch.randint(0, 2000, (rows, length), generator=g)},
                     torch.randint(0, 3, (rows,), generator=g)))
     return out
 
 
-N_ITERS = 3
+N_ITERS = 2
 
 
 class TensorPeak:
     """Peak bytes of CPU tensors alive during a block above those alive when it starts:
     ``torch.profiler`` with ``profile_memory=True`` records every allocation and free of
-    torch's CPU allocator; their running sum in time order (per innermost operator, and the
-    ``[memory]`` records outside operators) peaks at this.  Allocations outside torch (gloo's
-    own buffers, Python objects) are not counted."""
+    torch's CPU allocator with the allocator's running total (``total_allocated``); the peak
+    is that total's maximum over the block less its value at the start.  Allocations outside
+    torch (gloo's own buffers, Python objects) are not counted."""
 
     def __enter__(self):
         from torch.profiler import ProfilerActivity, profile
@@ -133,18 +135,19 @@ class TensorPeak:
         return self
 
     def __exit__(self, *exc):
+        from torch._C._profiler import _EventType
+
         self.prof.__exit__(*exc)
-        rows = []
-        for e in self.prof.events():
-            v = e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
-            if v:
-                rows.append((e.time_range.start, v))
+        rows, stack = [], list(self.prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            e = stack.pop()
+            if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+                rows.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated))
+            stack.extend(e.children)
         rows.sort(key=lambda r: r[0])
-        live = peak = 0
-        for _, v in rows:
-            live += v
-            peak = max(peak, live)
-        self.peak, self.end = peak, live
+        base = rows[0][2] - rows[0][1] if rows else 0
+        self.peak = max((t for _, _, t in rows), default=base) - base
+        self.end = (rows[-1][2] - base) if rows else 0
         return False
 
 
@@ -173,7 +176,7 @@ def measure_rank(rank: int, world: int, n_iters: int = N_ITERS) -> dict:
     pair_elems = sum(p.numel() for n, p in model.named_parameters() if n in in_pairs)      # whole
     total_elems = sum(p.numel() for p in model.parameters())
     batches = bench_batches()
-    mine = batches[rank::world] if world > 1 else batches
+    mine = batches if rank == 0 else []     # under FSDP2 rank 0 brings the batch, the others none
     out = dict(world=world, rank=rank, shard_elements=shard_elems, pair_elements=pair_elems,
                total_elements=total_elems, measures={})
     x, y = batches[0]
@@ -212,12 +215,13 @@ def _save(data: dict) -> None:
 
 
 def _document(rows: dict) -> dict:
-    return dict(model="BERT 4 layers, width 256, 4 heads, vocabulary 4000, float32 (3.2 M parameters)",
-                batches="4 batches of 2 x 16 tokens; under FSDP2 rank r brings batches r, r + world, ...",
+    return dict(model="BERT 2 layers, width 128, 4 heads, vocabulary 2000, float32 (0.6 M parameters)",
+                batches="one batch of 4 x 16 tokens, brought by rank 0 (the other ranks bring none)",
                 n_iters=N_ITERS, accounting="peak bytes of CPU tensors alive during the call above those alive at its "
-                                      "start (torch.profiler memory records: every allocation and free of torch's "
-                                      "CPU allocator, gloo's own buffers not included), divided by 4 bytes x this "
-                                      "rank's shard of the parameters",
+                                      "start (torch.profiler allocation records: the CPU allocator's running total; "
+                                      "gloo's own buffers not included), divided by 4 bytes x this rank's shard of "
+                                      "the parameters; the batch's maximiser, which the result keeps "
+                                      "(SharpnessResult.solver), included",
                 worlds=dict(sorted(rows.items(), key=lambda kv: int(kv[0]))))
 
 
@@ -235,7 +239,9 @@ RANKS = (1, 8, 64)
 
 def copies_model(data: dict) -> dict[str, dict[str, float]]:
     """Per measure, copies of the free parameters' local shard (``a``) and of the whole
-    pairs (``b``) that fit the measured peaks, ``peak = a · F + b · P`` with ``F`` this rank's
+    pairs (``b``) that fit what the call holds beyond a training step's forward and backward
+    pass (the measured peak less the floor's: FSDP2's gathered units and the activations are
+    training's too), ``a · F + b · P`` with ``F`` this rank's
     elements outside pairs (its shard minus its share of the pairs) and ``P`` the pairs'
     elements, by least squares over every rank of every world size measured; the adaptive
     measure gathers no pair: ``peak = a · shard``."""
@@ -248,7 +254,7 @@ def copies_model(data: dict) -> dict[str, dict[str, float]]:
             for r in ranks:
                 free = r["shard_elements"] - r["pair_elements"] / r["world"]
                 A.append([r["shard_elements"], 0.0] if name == "m_apgd_l2" else [free, r["pair_elements"]])
-                y.append(r["measures"][name]["peak_bytes"] / 4)
+                y.append(r["measures"][name]["peak_bytes"] / 4 - r["floor_copies"] * r["shard_elements"])
         A, y = np.array(A, dtype=float), np.array(y, dtype=float)
         if name == "m_apgd_l2":
             out[name] = dict(shard=float(np.linalg.lstsq(A[:, :1], y, rcond=None)[0][0]), pairs=0.0)
@@ -259,8 +265,8 @@ def copies_model(data: dict) -> dict[str, dict[str, float]]:
 
 
 def per_rank_gib(name: str, size: str, ranks: int, fit: dict) -> float:
-    """GiB per rank that a float32 model of ``size`` parameters holds during one call, by
-    :func:`copies_model`'s fit: the model's own shard (``N / ranks``), ``a`` copies of the
+    """GiB per rank that a float32 model of ``size`` parameters holds during one call beyond a
+    training step's pass, by :func:`copies_model`'s fit: the model's own shard (``N / ranks``), ``a`` copies of the
     free parameters' shard and ``b`` copies of the pairs, gathered whole (attention's share
     :data:`ATTENTION_SHARE`; the adaptive measure: ``a`` copies of the shard, no pairs)."""
     n = SIZES[size]
@@ -270,6 +276,10 @@ def per_rank_gib(name: str, size: str, ranks: int, fit: dict) -> float:
         pairs = n * ATTENTION_SHARE[size]
         elems = n / ranks + fit[name]["shard"] * (n - pairs) / ranks + fit[name]["pairs"] * pairs
     return 4 * elems / 2 ** 30
+
+
+def _gib(v: float) -> str:
+    return f"{v:.1f} GiB" if v < 10 else f"{v:.0f} GiB"
 
 
 def measured_table(data: dict) -> str:
@@ -294,12 +304,15 @@ def scale_table(data: dict) -> str:
     lines = [head, "|---|---|" + "---:|" * len(RANKS)]
     for name in MEASURES:
         for size in SIZES:
-            cells = " | ".join(f"{per_rank_gib(name, size, r, fit):.0f} GiB" for r in RANKS)
+            cells = " | ".join(_gib(per_rank_gib(name, size, r, fit)) for r in RANKS)
             lines.append(f"| {name} | {size} | {cells} |")
     fits = "; ".join(f"{n}: {f['shard']:.2f} × the free shard + {f['pairs']:.2f} × the whole pairs" for n, f in fit.items())
-    return "\n".join(lines) + (f"\n\nFitted copies beside the model's own shard (least squares over every rank of "
-                                f"1, 2 and 4 ranks): {fits}. The pairs are gathered whole on every rank, so the "
-                                "geodesic measures' attention part does not shrink with the ranks.")
+    return "\n".join(lines) + (f"\n\nFitted copies beside the model's own shard, over what one forward and backward "
+                                f"pass holds (least squares over every rank of 1, 2 and 4 ranks; one batch, whose maximiser "
+                                f"the result keeps; each further batch keeps one more, `SharpnessResult.solver`): {fits}. The pairs are "
+                                "gathered whole on every rank, so the geodesic measures' attention part does not "
+                                "shrink with the ranks; FSDP2's own gathered units and the activations (the floor) "
+                                "come on top, as for training.")
 
 
 BEGIN, END = "<!-- distributed-memory:begin -->", "<!-- distributed-memory:end -->"
@@ -318,10 +331,11 @@ def _replace_block(path: Path, body: str) -> None:
 
 def readme_blocks(data: dict) -> tuple[str, str]:
     src = "generated by `python -m benchmarks.bench_distributed --readme` from `benchmarks/results/distributed_memory.json`"
-    readme = ("Memory per rank of one call under FSDP2, float32 weights, in GiB (" + src + "; the model's own "
-              "shard included, activations not): the copies of the local shard and of the gathered attention "
-              "pairs were measured on 1, 2 and 4 gloo ranks and scaled to the Llama 3 family's sizes and "
-              "attention shares.\n\n" + scale_table(data))
+    readme = ("Memory per rank of one call under FSDP2, float32 weights, in GiB (" + src + "): the model's own "
+              "shard plus the copies of the local shard and of the gathered attention pairs that the call holds "
+              "beyond a training step's pass, measured on 1, 2 and 4 gloo ranks (tensor allocations, "
+              "`reports/benchmarks.md`) and scaled to the Llama 3 family's sizes and attention shares; "
+              "activations and FSDP2's gathered units come on top, as for training.\n\n" + scale_table(data))
     report = ("Measured on " + data["model"] + ", " + data["batches"] + ", " + str(data["n_iters"])
               + " iterations; " + data["accounting"] + " (" + src + ").\n\n" + measured_table(data)
               + "\n\n" + scale_table(data))

@@ -15,8 +15,9 @@ and the model (:func:`parallel_mode`):
   DDP broadcasts rank 0's; an unwrapped model must be built the same on every rank);
 * **sharded** (``"sharded"``) — an FSDP2 model (``torch.distributed.fsdp.fully_shard``: its
   parameters are ``DTensor`` shards): the ranks share the *weights*, not the batches.  The
-  batches are gathered (every rank then holds all of them), and every rank takes part in
-  every batch's passes, so the time is that of one process and the memory is split.  See
+  batches are gathered (every rank then holds all of them; a rank may bring none, ``[]``),
+  and every rank takes part in every batch's passes, so the time is that of one process and
+  the memory is split.  See
   :class:`ShardedModel` for what lives where.
 
 Every rank must make the call, as with any collective.  The result says what happened:
@@ -507,4 +508,7 @@ def _gather_batches(problem, comm: Collectives) -> list[list]:
 
     every = comm.all_gather_object([(to_device(x, "cpu"), to_device(y, "cpu")) for x, y in problem.data])
     problem.data = [b for d in every for b in d]
+    if not problem.data:
+        raise SharpnessInputError("no rank brought a batch: under FSDP2 the ranks' batches are measured together, "
+                                  "and at least one rank must pass some")
     return every

@@ -553,12 +553,14 @@ class SharpnessProblem:
         self.exclude = _check_exclude(settings.exclude, [n for n, _ in model.named_parameters()])
         self.perturb = _perturbed(model, self.exclude)
         _check_weights(model, self.perturb)
-        self.data = check_batches(batches)
-        self.model = model
         from .distributed import ShardedModel, parallel_mode   # (the ranks' module builds on this one)
 
         #: ``"none"``, ``"data"`` or ``"sharded"``: how :meth:`run` uses a process group
         self.parallel = parallel_mode(model, settings.distributed)
+        # under FSDP2 the batches are gathered: a rank may bring none (one that loads the data)
+        none = self.parallel == "sharded" and isinstance(batches, (list, tuple)) and not batches
+        self.data = [] if none else check_batches(batches)
+        self.model = model
         #: the sharded model's local shards and collectives (FSDP2), else ``None``
         self.shards = ShardedModel(model) if self.parallel == "sharded" else None
         self.loss: Loss | None = None
