@@ -219,7 +219,9 @@ def write_report(report_path: Path = ROOT / "reports" / "benchmarks.md") -> None
         "base commit through `--root`, a worktree of it). *After*, embedding rows that no token of the batch "
         "looks up are left out of the search (`hideseek/embedding_rows.py`) and `low_memory=None` counts the "
         "elements the search holds. Memory: peak resident set size during the call minus the resident set "
-        "size before it, and that in copies of the model's parameters (float32).", "",
+        "size before it, and that in copies of the model's parameters (float32). One profiled run per measure, "
+        "time by component (forward, backward, step, geometry, set-up; the profiler slows every part): "
+        "`benchmarks/results/floor_minilm_attribution.json` (`--attribute`).", "",
         report(paths).rstrip("\n"), "", END])
     text = report_path.read_text(encoding="utf-8")
     if BEGIN in text and END in text:
