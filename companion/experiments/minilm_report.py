@@ -54,7 +54,7 @@ class MiniLMSettings:
     device: str
     threads: int | None
     workers: int
-    n_points: int
+    n_points: int | None
     batch_size: int
     data_seed: int
     n_iters: int
@@ -97,6 +97,9 @@ def measure_primary(s: MiniLMSettings, src: mz.MiniLMZoo, names: list[str], *, p
     missing = set(STANDARD) - set(s.rho)
     if missing:
         raise ValueError(f"minilm.rho has no pre-registered radius for {sorted(missing)}")
+    if s.n_points is None:
+        raise ValueError("minilm.n_points is null: the protocol is pre-registered by the pilot before the main zoo is "
+                         "measured; write it into params.yaml first")
     if s.n_points % (2 * s.batch_size):
         raise ValueError(f"n_points={s.n_points} must be an even number of batches of {s.batch_size} "
                          "(the retest compares the two halves)")
