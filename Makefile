@@ -40,3 +40,13 @@ gpu-check:
 			--measures floor,adaptive_l2,geodesic_mixed --batch-size 128 --seq-len 128 --n-iters 20 \
 			--json benchmarks/results/memory_cuda.json --markdown benchmarks/results/memory_cuda.md; \
 	fi
+
+# The gpu profile in GPU-sized slices (issue 24 item 5): each call runs the next unfinished units of the MiniLM
+# language zoo and the larger (timm) ViT zoo within GPU_BUDGET_S seconds, into GPU_OUT (state kept there;
+# member weights are not). Needs only torch, transformers, timm, scipy, pandas, matplotlib on that machine;
+# MiniLM from $HIDESEEK_MINILM_DIR (python -m companion.experiments.minilm export --out DIR).
+GPU_OUT ?= reports/gpu_slices
+GPU_BUDGET_S ?= 480
+.PHONY: gpu-slices
+gpu-slices:
+	$(GPU_PY) -m companion.gpu_slices run --out $(GPU_OUT) --budget-s $(GPU_BUDGET_S)

@@ -31,7 +31,12 @@ No DVC output holds a wall-clock time (its hash would change on every run): a st
 timings to ``out_dir/timings/`` (published to ``reports/timings/``, which ``dvc.yaml`` does not
 declare), and :func:`scrub_notebook` removes from the executed notebook what papermill records
 of the clock (start and end times, durations, execution timestamps) and every stderr stream
-(progress bars and warnings: the run's log, echoed to the terminal, not part of the report). The
+(progress bars and warnings: the run's log, echoed to the terminal, not part of the report), and
+writes every machine path as its canonical relative one (``reports/.staging/<stage>/out`` for the
+``out_dir`` papermill passed, ``notebooks/<stage>.ipynb`` for the input) with cell ids ``<stage>-<index>``,
+so that the same run in another folder or on another machine publishes the same bytes
+(``python -m companion.pipeline --normalise reports/notebooks/*.ipynb`` applies the same to notebooks
+already published). The
 kernel runs with ``SOURCE_DATE_EPOCH=0`` (unless set), so matplotlib stamps no date into a PDF.
 
 The headline (:func:`companion.metrics.headline`: τ per measure, intervals,
@@ -178,10 +183,69 @@ def _finish_metrics(stage: str, profile: str, stage_params: dict, metrics_src: P
                             f"nothing published; executed notebook: {nb_out}") from exc
 
 
-def scrub_notebook(path: str | os.PathLike) -> str:
-    """Remove the wall clock from the executed notebook at ``path`` (in place): papermill's
-    ``start_time``, ``end_time`` and ``duration`` (notebook and cells), the cells' ``execution``
-    timestamps and every stderr stream output. Returns the removed stderr text."""
+#: where a published notebook says it was staged and read from (no machine path in a DVC output)
+STAGING_NAME = "reports/.staging/{stage}"
+
+
+def canonical_paths(stage: str) -> dict[str, str]:
+    """The machine-independent paths a published notebook records: its input, its staging folder, the
+    ``out_dir`` it wrote into and the staged notebook (relative to the repository root)."""
+    staging = STAGING_NAME.format(stage=stage)
+    return {"input": f"notebooks/{stage}.ipynb", "staging": staging, "out_dir": f"{staging}/out",
+            "output": f"{staging}/{stage}.ipynb"}
+
+
+def _replace_in(obj: Any, pairs: list[tuple[str, str]]) -> Any:
+    """``obj`` (a notebook's JSON tree) with every ``old`` substring of its strings replaced by ``new``."""
+    if isinstance(obj, str):
+        for old, new in pairs:
+            obj = obj.replace(old, new)
+        return obj
+    if isinstance(obj, list):
+        return [_replace_in(v, pairs) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _replace_in(v, pairs) for k, v in obj.items()}
+    return obj
+
+
+def machine_paths(nb: Mapping, stage: str, root: str | os.PathLike | None = None) -> list[tuple[str, str]]:
+    """``(machine path, canonical path)`` pairs of a notebook papermill executed, longest first: the staging
+    folder, ``out_dir``, the staged and the input notebook as papermill recorded them (absolute), and the
+    repository root (``root`` and the one the input path ``<root>/notebooks/<stage>.ipynb`` names)."""
+    pm = nb.get("metadata", {}).get("papermill", {})
+    canon = canonical_paths(stage)
+    pairs: dict[str, str] = {}
+    out_dir = (pm.get("parameters") or {}).get("out_dir")
+    output, inp = pm.get("output_path"), pm.get("input_path")
+    if isinstance(out_dir, str) and out_dir:
+        pairs[out_dir.rstrip("/")] = canon["out_dir"]
+        pairs[str(Path(out_dir).parent)] = canon["staging"]
+    if isinstance(output, str) and output:
+        pairs[output] = canon["output"]
+        pairs.setdefault(str(Path(output).parent), canon["staging"])
+    roots = [] if root is None else [Path(root)]
+    if isinstance(inp, str) and inp:
+        pairs[inp] = canon["input"]
+        if Path(inp).is_absolute() and Path(inp).parent.name == "notebooks":
+            roots.append(Path(inp).parent.parent)
+    for r in roots:
+        pairs[str(r) + os.sep] = ""
+    pairs = {k: v for k, v in pairs.items() if k and k not in (".", "/") and k != v}
+    return sorted(pairs.items(), key=lambda kv: -len(kv[0]))
+
+
+def scrub_notebook(path: str | os.PathLike, stage: str | None = None, root: str | os.PathLike | None = None) -> str:
+    """Make the executed notebook at ``path`` a reproducible output (in place); returns the removed stderr text.
+
+    * the wall clock: papermill's ``start_time``, ``end_time`` and ``duration`` (notebook and cells), the
+      cells' ``execution`` timestamps, and every stderr stream output (the run's log);
+    * with ``stage``, every machine path (:func:`machine_paths`: staging folder, ``out_dir``, the input and
+      staged notebook, the repository root) becomes its canonical relative path (:func:`canonical_paths`), in
+      the metadata, the sources and the outputs alike, and the cell ids become ``<stage>-<index>`` (papermill
+      gives the cell it injects a random one).
+
+    Idempotent: scrubbing a scrubbed notebook changes nothing (so it also normalises notebooks published
+    before it existed, to the bytes a re-run gives)."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
@@ -196,8 +260,24 @@ def scrub_notebook(path: str | os.PathLike) -> str:
         removed += [o.text for o in stderr]
         if stderr:
             cell.outputs = [o for o in cell.outputs if not any(o is e for e in stderr)]
+    if stage is not None:
+        pairs = machine_paths(nb, stage, root)
+        nb = nbformat.from_dict(_replace_in(nb, pairs))
+        for i, cell in enumerate(nb.cells):
+            cell["id"] = f"{stage}-{i:02d}"
     nbformat.write(nb, path)
     return "".join(removed)
+
+
+def _stage_timing(out_dir: Path, stage: str, seconds: float) -> None:
+    """Add the stage's own wall time (``stage_wall_s``: the notebook's execution, as ``make repro`` spends it) to
+    its timings file ``out_dir/timings/<stage>.json`` (created if the notebook wrote none); git only, read by
+    :mod:`companion.budget`."""
+    path = out_dir / "timings" / f"{stage}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data["stage_wall_s"] = round(float(seconds), 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def _publish(stage: str, reports: Path, staging: Path, out_dir: Path, nb_out: Path, head) -> tuple:
@@ -285,9 +365,10 @@ def run_stage(
             f"partially executed notebook: {nb_out}"
         ) from exc
     seconds = time.perf_counter() - t0
-    sys.stderr.write(scrub_notebook(nb_out))   # the run's log, not the report
+    sys.stderr.write(scrub_notebook(nb_out, stage, root))   # the run's log, not the report
 
     head = _finish_metrics(stage, profile, stage_params, out_dir / "metrics" / f"{stage}.json", staging, nb_out)
+    _stage_timing(out_dir, stage, seconds)
     nb_dst, metrics_dst, figures, data = _publish(stage, reports, staging, out_dir, nb_out, head)
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -302,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m companion.pipeline",
         description="Run notebooks/<stage>.ipynb with papermill and publish into reports/ atomically.",
     )
-    parser.add_argument("stage")
+    parser.add_argument("stage", nargs="?", help="the stage to run (notebooks/<stage>.ipynb)")
+    parser.add_argument("--normalise", nargs="+", metavar="NOTEBOOK", default=None,
+                        help="instead of running a stage: scrub these published notebooks in place (no clock, "
+                             "no machine path, cell ids <stage>-<index>; the stage is the file's name)")
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="parameter profile (default: params.yaml's top-level 'profile')")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -310,6 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=str(REPO_ROOT), help="repository root (default: this checkout)")
     parser.add_argument("--reports-dir", default=None, help="where to publish (default: <root>/reports)")
     args = parser.parse_args(argv)
+    if args.normalise:
+        for nb in args.normalise:
+            scrub_notebook(nb, Path(nb).stem, args.root)
+            print(f"normalised {nb}")
+        return 0
+    if not args.stage:
+        parser.error("name a stage to run (or --normalise NOTEBOOK ...)")
     try:
         res = run_stage(args.stage, profile=args.profile, overrides=parse_overrides(args.overrides),
                         root=args.root, reports_dir=args.reports_dir)

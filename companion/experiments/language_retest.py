@@ -12,6 +12,9 @@ again, no primary number changes) this stage shows how the retest grows with the
 * the Spearman–Brown curve through the ``k = h`` value (Pearson scale ``r = sin(πτ/2)``,
   :func:`companion.analysis.spearman_brown`), beside the measured points, so a reader sees whether
   the batches behave as parallel measurements;
+* the retest of the halves by the pre-registered split rule of issue 24 (``params.yaml`` ``paired.retest_splits``):
+  the mean over random splits of all the batches into two halves (:func:`random_splits`), beside the
+  first/last split, and the reliability of the mean of both halves from it (``retest_random_splits.csv``);
 * the batches per half at which the curve reaches ``target``
   (:func:`companion.analysis.spearman_brown_factor`), the training pairs per member that makes (two
   halves), and the pairs the corpus's training split holds (``language_train``'s ``corpus.n_train``).
@@ -55,6 +58,8 @@ class RetestSettings:
     batch_size: int            # language.batch_size: training pairs per batch
     n_points: int              # language.n_points: training pairs per member, both halves
     n_train: int | None        # language_train.corpus.n_train (None: a zoo without a generated corpus)
+    split_n_splits: int        # paired.retest_splits: the pre-registered split rule (issue 24), random splits
+    split_seed: int            #   of all the batches into two halves, and their seed
 
 
 def load_settings(profile: str | None = None, path: str | Path | None = None) -> tuple[str, RetestSettings]:
@@ -62,11 +67,13 @@ def load_settings(profile: str | None = None, path: str | Path | None = None) ->
     profile, own = stage_params("language_retest", profile, path=path)
     _, lang = stage_params("language", profile, path=path)
     _, train = stage_params("language_train", profile, path=path)
+    _, pair = stage_params("paired", profile, path=path)
     data = {**own, "batch_size": lang["batch_size"], "n_points": lang["n_points"],
-            "n_train": train["corpus"]["n_train"] if "corpus" in train else None}
+            "n_train": train["corpus"]["n_train"] if "corpus" in train else None,
+            "split_n_splits": pair["retest_splits"]["n_splits"], "split_seed": pair["retest_splits"]["seed"]}
     return profile, from_mapping(RetestSettings, data, f"params.yaml language_retest ({profile}) with "
                                                        "language.batch_size, language.n_points, "
-                                                       "language_train.corpus.n_train")
+                                                       "language_train.corpus.n_train, paired.retest_splits")
 
 
 def halves(frame: pd.DataFrame, s: RetestSettings) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -108,6 +115,24 @@ def curve(frame: pd.DataFrame, primary: pd.DataFrame, s: RetestSettings) -> pd.D
     return pd.concat(rows, ignore_index=True)[cols].rename(columns={"k": "batches_per_half"})
 
 
+def random_splits(frame: pd.DataFrame, primary: pd.DataFrame, s: RetestSettings) -> pd.DataFrame:
+    """The retest of the halves by the pre-registered split rule (reports/preregistration/delta_tau.md): the mean
+    (and sd) over ``split_n_splits`` random splits of all the batches into two halves
+    (:func:`companion.analysis.random_split_retest`), beside the first/last split ``primary.csv`` reports, and the
+    reliability of the mean of both halves from each (Spearman–Brown, k = 2)."""
+    prim = primary.set_index("measure")
+    rows = []
+    for measure, (first, second) in halves(frame, s).items():
+        mean, sd = analysis.random_split_retest(np.hstack([first, second]), n_splits=s.split_n_splits,
+                                                seed=s.split_seed)
+        fl = float(prim.loc[measure, "retest"]) if measure in prim.index else math.nan
+        rows.append(dict(measure=measure, batches=first.shape[1] + second.shape[1], retest_first_last=fl,
+                         reliability_first_last=analysis.spearman_brown(fl, 2), retest_random_splits=mean,
+                         retest_random_splits_sd=sd, reliability_random_splits=analysis.spearman_brown(mean, 2),
+                         n_splits=s.split_n_splits, seed=s.split_seed))
+    return pd.DataFrame(rows)
+
+
 def batches_for(retest: float, h: int, target: float) -> int | None:
     """Batches per half (whole, rounded up) at which the Spearman–Brown curve through a retest of
     ``retest`` at ``h`` batches per half reaches ``target``; None without signal (retest ≤ 0)."""
@@ -115,7 +140,7 @@ def batches_for(retest: float, h: int, target: float) -> int | None:
     return math.ceil(need - 1e-9) if math.isfinite(need) else None
 
 
-def summary(table: pd.DataFrame, s: RetestSettings) -> dict:
+def summary(table: pd.DataFrame, s: RetestSettings, splits: pd.DataFrame | None = None) -> dict:
     """The metrics: per measure the whole-half retest, the reliability of the mean of both halves, the
     batches per half (and training pairs per member) the target needs, also at the ends of the retest's
     bootstrap interval, the measured retest nearest below a whole half against the curve, and the
@@ -138,6 +163,12 @@ def summary(table: pd.DataFrame, s: RetestSettings) -> dict:
             "below_whole": None if near is None else {
                 "batches_per_half": int(near.name), "measured": float(near["tau"]), "sd": float(near["tau_sd"]),
                 "spearman_brown": float(near["spearman_brown"])}}
+    if splits is not None:
+        for r in splits.itertuples():
+            per[r.measure] |= {"retest_random_splits": r.retest_random_splits,
+                               "retest_random_splits_sd": r.retest_random_splits_sd,
+                               "reliability_of_mean_random_splits": r.reliability_random_splits,
+                               "n_splits": r.n_splits}
     return {"exploratory": True, "settings": asdict(s), "target": s.target, "batch_size": s.batch_size,
             "training_pairs_available": s.n_train, "measures": per, "findings": findings(per, s)}
 
@@ -161,6 +192,10 @@ def findings(per: dict, s: RetestSettings) -> list[str]:
                      "below the curve: the retest grew at least as fast as Spearman–Brown assumes")
             line += (f" At {b['batches_per_half']} batches per half it measured {b['measured']:.2f} (sd over choices "
                      f"of batches {b['sd']:.2f}) against {b['spearman_brown']:.2f} on the curve, {shape}.")
+        if "retest_random_splits" in r:
+            line += (f" Over {r['n_splits']} random splits of all its batches into two halves (the pre-registered "
+                     f"rule) the retest is {r['retest_random_splits']:.2f} (sd {r['retest_random_splits_sd']:.2f}), "
+                     f"the mean of both halves {r['reliability_of_mean_random_splits']:.2f}.")
         lines.append(line)
     if s.n_train is not None:
         lines.append(f"The corpus's training split holds {s.n_train} pairs per member.")
@@ -218,16 +253,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--params", default=None)
     args = ap.parse_args(argv)
+    import time
+
+    t0 = time.perf_counter()
     profile, s = load_settings(args.profile, args.params)
-    table = curve(pd.read_csv(args.sharpness), pd.read_csv(args.primary), s)
-    metrics = {"profile": profile, **summary(table, s)}
+    frame, primary = pd.read_csv(args.sharpness), pd.read_csv(args.primary)
+    table = curve(frame, primary, s)
+    splits = random_splits(frame, primary, s)
+    metrics = {"profile": profile, **summary(table, s, splits)}
     Path(args.data).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.data, index=False)
+    splits.to_csv(Path(args.data).with_name("retest_random_splits.csv"), index=False)
     wide = table.pivot(index="batches_per_half", columns="measure", values="tau").reset_index()   # dvc.yaml plots
     wide.columns.name = None
     wide.to_csv(Path(args.data).with_name("plot_retest_by_batches.csv"), index=False)
     figure(table, metrics, Path(args.figure))
     write_json(args.metrics, metrics)
+    timings = Path(args.metrics).parent.parent / "timings" / "language_retest.json"   # git only (companion.budget)
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    timings.write_text(json.dumps({"stage_wall_s": round(time.perf_counter() - t0, 1)}, indent=1) + "\n")
     print("\n".join(metrics["findings"]))
     return 0
 

@@ -24,6 +24,13 @@ the columns ``comparison`` (primary / exploratory), ``gap_reliability``, ``retes
 ``reliability_<measure>``, ``tau_ceiling_<measure>`` and ``power_<measure>`` (empty where a line lacks them); below the
 table, a sentence for every line whose ceiling on |τ| lies below the paper's |τ|.
 
+**Paired Δτ** (issue 24; stage ``paired``, ``reports/metrics/paired.json``, key ``"delta_tau"``: one entry
+per row, :func:`companion.experiments.paired.table1_entries`): attached to the primary line of the stage it
+names, as the columns ``delta_tau_<g>``, ``delta_tau_<g>_ci_low`` / ``_ci_high``, ``power_delta_<g>`` and
+``verdict_delta_<g>`` for each geodesic measure ``g``; the paper's lines carry the paper's Δ in
+``delta_tau_<g>``. ``table1.md`` shows them as a table of their own under Table 1 (the primary test of
+the paper's claim), with the exploratory vision confound lines of the same stage below.
+
 ``python -m companion.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
 writes ``table1.md`` and ``table1.csv`` (each written to a temporary file
 and renamed, so a reader never sees half a table).
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import os
 import tempfile
@@ -43,6 +51,8 @@ from companion import paper
 from companion.metrics import read_metrics, table1_entries
 
 MEASURES = paper.TABLE1_MEASURES
+#: the measures a paired Δτ compares with adaptive sharpness (the first of MEASURES)
+GEODESIC = MEASURES[1:]
 MEASURE_TITLES = {"adaptive": "adaptive", "geodesic_invariant": "geodesic, invariant (metric 5/9)",
                   "geodesic_mixed": "geodesic, mixed (metric 6/10)"}
 
@@ -70,6 +80,48 @@ def collect(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
             if missing:
                 raise ValueError(f"{path}: table1 entry for {e['row']!r} lacks tau for {missing}")
             out[e["row"]].append({**e, "profile": data.get("profile", "?"), "stage": path.stem})
+    return out
+
+
+def collect_deltas(metrics_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The paired Δτ entries of ``paired.json`` (stage ``paired``), keyed by the stage whose primary line they
+    belong to (``{}`` without that file)."""
+    path = Path(metrics_dir) / "paired.json"
+    if not path.is_file():
+        return {}
+    out = {}
+    for e in read_metrics(path).get("delta_tau", []):
+        missing = [g for g in GEODESIC if g not in e.get("delta", {})]
+        if missing:
+            raise ValueError(f"{path}: delta_tau entry for stage {e.get('stage')!r} lacks {missing}")
+        out[e["stage"]] = e
+    return out
+
+
+def paper_delta(deltas: dict[str, dict[str, Any]], row: str, g: str) -> float | None:
+    """The paper's Δ for ``row`` and geodesic measure ``g`` as the stage ``paired`` computed it from
+    :mod:`companion.paper` (:func:`companion.experiments.paired.paper_delta`); None when no entry of that row."""
+    for d in deltas.values():
+        if d["row"] == row and g in d.get("paper_delta", {}):
+            return float(d["paper_delta"][g])
+    return None
+
+
+def _delta_columns(row: dict[str, Any], source: str, d: dict[str, Any] | None,
+                   deltas: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``delta_tau_<g>`` (+ interval, power, verdict) of a line: the paper's Δ on the paper's line, ours on the
+    primary line the stage ``paired`` measured, empty elsewhere."""
+    out: dict[str, Any] = {}
+    for g in GEODESIC:
+        if source == "paper":
+            p = paper_delta(deltas, row["row"], g)
+            out[f"delta_tau_{g}"] = "" if p is None else p
+        else:
+            out[f"delta_tau_{g}"] = d["delta"][g] if d else ""
+        out[f"delta_tau_{g}_ci_low"] = d["ci"][g][0] if d else ""
+        out[f"delta_tau_{g}_ci_high"] = d["ci"][g][1] if d else ""
+        out[f"power_delta_{g}"] = d["power"][g] if d else ""
+        out[f"verdict_delta_{g}"] = d["verdict"][g] if d else ""
     return out
 
 
@@ -127,9 +179,10 @@ def _reliability_str(e: dict[str, Any], m: str) -> str:
     return out + (f" (mean of both halves {rel:.2f})" if rel is not None and rel != e["retest"][m] else "")
 
 
-def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: str) -> dict[str, Any]:
+def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: str,
+            delta: dict[str, Any] | None = None, deltas: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One CSV record: the paper's line (``e`` None, values from ``row``), a line of ours, or a
-    placeholder for a row no stage produced."""
+    placeholder for a row no stage produced; ``delta``: the paired Δτ entry of a primary line."""
     e = e or {}
     tau = row["paper"] if source == "paper" else e.get("tau", {})
     ci = e.get("ci") or {}
@@ -140,7 +193,8 @@ def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: 
             **{m: tau.get(m, "") for m in MEASURES},
             **{f"{m}_ci_low": (ci.get(m) or ["", ""])[0] for m in MEASURES},
             **{f"{m}_ci_high": (ci.get(m) or ["", ""])[1] for m in MEASURES},
-            **_spread_columns(e.get("spread") or {}), **_reliability_columns(e), "status": status}
+            **_spread_columns(e.get("spread") or {}), **_reliability_columns(e),
+            **_delta_columns(row, source, delta, deltas or {}), "status": status}
 
 
 def _cell(e: dict[str, Any], m: str) -> str:
@@ -194,6 +248,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     """Markdown text and CSV records of Table 1 (per row: the paper, then our primary comparison,
     then the exploratory lines; reliability, retest and ceiling where a stage recorded them)."""
     entries = collect(metrics_dir)
+    deltas = collect_deltas(metrics_dir)
     records: list[dict[str, Any]] = []
     notes: list[str] = []
     lines = [
@@ -215,12 +270,12 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     for row in PAPER_ROWS:
         lines.append(f"| {row['setting']} | paper | – | – | – | – | – | "
                      + " | ".join(f"{row['paper'][m]:+.2f}" for m in MEASURES) + " |")
-        records.append(_record(row, "paper", None, "paper"))
+        records.append(_record(row, "paper", None, "paper", deltas=deltas))
         ours = sorted(entries[row["row"]], key=lambda e: not e.get("primary"))
         if not ours:
             lines.append(f"| {row['ours']} | ours | – | – | – | – | – | "
                          + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
-            records.append(_record(row, "ours", None, NOT_COMPUTED))
+            records.append(_record(row, "ours", None, NOT_COMPUTED, deltas=deltas))
             continue
         for e in ours:
             label = row["ours"] + (f" ({e['variant']})" if e.get("variant") else "")
@@ -228,14 +283,58 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             lines.append(f"| {label} | ours | {_status(e)} | {e['profile']} | {e.get('n_models', '')} | "
                          f"{_rho_str(e.get('rho'))} | {'–' if rel is None else f'{rel:.2f}'} | "
                          + " | ".join(_cell(e, m) for m in MEASURES) + " |")
-            records.append(_record(row, "ours", e, "computed"))
+            records.append(_record(row, "ours", e, "computed", deltas.get(e["stage"]) if e.get("primary") else None,
+                                   deltas))
             notes += ceiling_notes(row, e)
     if notes:
         lines += ["", "Rows that cannot show the paper's effect:", "", *notes]
+    lines += delta_section(metrics_dir, entries, deltas)
     if (retest := retest_note(metrics_dir)) is not None:
         lines += ["", "How much data the language row would need:", "", retest]
     lines.append("")
     return "\n".join(lines), records
+
+
+def _delta_cell(d: dict[str, Any], g: str) -> str:
+    lo, hi = d["ci"][g]
+    return f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}] · power {d['power'][g]:.2f} · {d['verdict'][g]}"
+
+
+def delta_sentences(metrics_dir: str | os.PathLike, *, primary_only: bool = False) -> list[str]:
+    """The generated findings of the stage ``paired`` (its primary lines, then — unless ``primary_only`` — the
+    exploratory ones), as markdown bullets; ``[]`` without ``paired.json``."""
+    path = Path(metrics_dir) / "paired.json"
+    if not path.is_file():
+        return []
+    data = read_metrics(path)
+    return [f"* {line}" for line in data["findings_primary" if primary_only else "findings"]]
+
+
+def delta_section(metrics_dir: str | os.PathLike, entries: dict[str, list[dict[str, Any]]],
+                  deltas: dict[str, dict[str, Any]]) -> list[str]:
+    """``table1.md``'s paired Δτ table (the primary test of the paper's claim: the paper's Δ, then ours per
+    transformer row) and the exploratory lines of the stage ``paired``; nothing without ``paired.json``."""
+    if not deltas:
+        return []
+    out = ["", "## Paired Δτ: is the geodesic measure the better predictor? (primary test, stage paired)", "",
+           "Δ = sign(paper's τ) · (τ geodesic − τ adaptive) over the same members, positive when the geodesic "
+           "measure tracks the gap more strongly in the paper's direction; paired bootstrap 95 % interval, power at "
+           "the paper's Δ with this zoo's reliabilities, and the verdict of the pre-registered rule "
+           "(`reports/preregistration/delta_tau.md`).", "",
+           "| setting | source | models | " + " | ".join(f"Δ {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
+           "|---|---|---|" + "---|" * len(GEODESIC)]
+    for row in PAPER_ROWS:
+        ours = [(e, deltas[e["stage"]]) for e in entries[row["row"]] if e.get("primary") and e["stage"] in deltas]
+        if not ours:
+            continue
+        out.append(f"| {row['setting']} | paper | {paper.TABLE1_N_MODELS[row['row']]} | "
+                   + " | ".join(_fmt(paper_delta(deltas, row["row"], g)) for g in GEODESIC) + " |")
+        for e, d in ours:
+            out.append(f"| {row['ours']} ({e.get('variant') or 'primary'}) | ours | {d['n_models']} | "
+                       + " | ".join(_delta_cell(d, g) for g in GEODESIC) + " |")
+    out += ["", "Findings of the stage paired (generated; the vision confound lines are exploratory, declared "
+                "before their values):", "", *delta_sentences(metrics_dir)]
+    return out
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -289,7 +388,31 @@ def readme_summary(csv_path: str | os.PathLike, notes: list[str] = ()) -> str:
             cells.append(c)
         rel = f"{float(r['gap_reliability']):.2f}" if r["gap_reliability"] else "–"
         body.append(f"| {r['setting']} | {r['source']} | {r['n_models'] or '–'} | {rel} | " + " | ".join(cells) + " |")
-    return "\n".join([README_BEGIN, *head, *body, *(["", *notes] if notes else []), README_END])
+    return "\n".join([README_BEGIN, *head, *body, *readme_delta_table(rows), *(["", *notes] if notes else []),
+                      README_END])
+
+
+def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
+    """The README's paired Δτ table (generated from ``table1.csv``'s ``delta_tau_*`` columns): the paper's Δ
+    and ours, with interval, power and verdict, for every row that has one; ``[]`` when none has."""
+    keep = [r for r in rows if r.get(f"delta_tau_{GEODESIC[0]}")]
+    if not any(r["source"] == "ours" for r in keep):
+        return []
+    out = ["", "Paired Δτ = sign(paper's τ) · (τ geodesic − τ adaptive) over the same members (> 0: the geodesic "
+               "measure is the better predictor in the paper's direction; the primary test of the paper's claim, "
+               "pre-registered in `reports/preregistration/delta_tau.md`):", "",
+           "| setting | source | models | Δ geodesic, invariant | Δ geodesic, mixed |", "|---|---|---|---|---|"]
+    for r in keep:
+        cells = []
+        for g in GEODESIC:
+            c = f"{float(r[f'delta_tau_{g}']):+.2f}"
+            if r[f"delta_tau_{g}_ci_low"]:
+                c += (f" [{float(r[f'delta_tau_{g}_ci_low']):+.2f}, {float(r[f'delta_tau_{g}_ci_high']):+.2f}]"
+                      f" · power {float(r[f'power_delta_{g}']):.2f} · {r[f'verdict_delta_{g}']}")
+            cells.append(c)
+        n = r["n_models"] or (str(paper.TABLE1_N_MODELS[r["row"]]) if r["source"] == "paper" else "–")
+        out.append(f"| {r['setting']} | {r['source']} | {n} | " + " | ".join(cells) + " |")
+    return out
 
 
 def update_readme(readme: str | os.PathLike, csv_path: str | os.PathLike, notes: list[str] = ()) -> None:
@@ -307,10 +430,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="reports")
     ap.add_argument("--readme", default=None, help="also refresh this README's generated Table 1 block")
     args = ap.parse_args(argv)
+    import time
+
+    t0 = time.perf_counter()
     md, csv_path = write(args.metrics_dir, args.out_dir)
+    timings = Path(args.out_dir) / "timings" / "table1.json"     # git only (companion.budget), no DVC output
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    timings.write_text(json.dumps({"stage_wall_s": round(time.perf_counter() - t0, 1)}, indent=1) + "\n")
     if args.readme:
         note = retest_note(args.metrics_dir)
-        update_readme(args.readme, csv_path, [] if note is None else [note])
+        update_readme(args.readme, csv_path, delta_sentences(args.metrics_dir, primary_only=True)
+                      + ([] if note is None else [note]))
     print(Path(md).read_text())
     print(f"wrote {md} and {csv_path}")
     return 0

@@ -121,6 +121,36 @@ def _split_sets(primary: pd.DataFrame, n_first: int) -> tuple[pd.DataFrame, pd.D
     return first, primary.assign(value=pb.map(lambda v: float(v[n_first:].mean())))
 
 
+def sharpness_table(primary: pd.DataFrame, explore: pd.DataFrame | None, n_first: int) -> pd.DataFrame:
+    """The published ``sharpness.csv`` frame: every measured (member, measure, ρ), ``set`` primary or exploratory,
+    with ``value`` the mean over the first set's ``n_first`` batches — the value every τ of the stage uses
+    (:func:`_split_sets`) — and, for the primary radii, ``value_set2`` the mean over the second set (the retest's
+    other measurement; NaN without one and on exploratory lines). ``per_batch`` holds both sets' batches.
+    (Before issue 24 ``value`` was the mean over both sets, which no τ used.)"""
+    pb = primary["per_batch"].map(lambda v: json.loads(v) if isinstance(v, str) else v)
+    first, second = _split_sets(primary.assign(per_batch=pb), n_first)
+    prim = first.assign(per_batch=primary["per_batch"], set="primary",
+                        value_set2=second["value"] if second is not None else np.nan)
+    if explore is None:
+        return prim
+    return pd.concat([prim, explore.assign(set="exploratory", value_set2=np.nan)], ignore_index=True)
+
+
+def republish_sharpness(path: str | Path, n_first: int) -> pd.DataFrame:
+    """Rewrite a published ``sharpness.csv`` (from a run before issue 24) with :func:`sharpness_table`, from its
+    own per-batch values: no zoo needed, nothing measured again. Refuses a file without per-batch values."""
+    frame = pd.read_csv(path, float_precision="round_trip")
+    if "per_batch" not in frame or "set" not in frame:
+        raise ValueError(f"{path}: no per_batch/set columns; re-run the vision stage instead")
+    cols = [c for c in frame.columns if c != "value_set2"]
+    frame = frame[cols]
+    out = sharpness_table(frame[frame["set"] == "primary"].reset_index(drop=True),
+                          frame[frame["set"] == "exploratory"].reset_index(drop=True), n_first)
+    out = out[[*cols, "value_set2"]]
+    out.to_csv(path, index=False)
+    return out
+
+
 def primary_table(members: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame | None, rel: float,
                   s: VisionSettings) -> tuple[pd.DataFrame, dict]:
     """One row per measure (the primary τ with its interval, retest, ceiling, power, the paper's τ) and the
@@ -208,6 +238,24 @@ def report_metrics(primary: pd.DataFrame, fields: dict, members: pd.DataFrame, c
     }
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m companion.experiments.vision_report republish-sharpness [--profile P] [--path CSV]``:
+    :func:`republish_sharpness` with the profile's ``n_images / batch_size`` batches in the first set."""
+    import argparse
+
+    from companion.params import stage_params
+
+    ap = argparse.ArgumentParser(prog="python -m companion.experiments.vision_report")
+    ap.add_argument("command", choices=["republish-sharpness"])
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--path", default="reports/data/vision/sharpness.csv")
+    args = ap.parse_args(argv)
+    _, p = stage_params(STAGE, args.profile)
+    republish_sharpness(args.path, p["n_images"] // p["batch_size"])
+    print(f"rewrote {args.path}: value = the first set's mean (what τ uses), value_set2 = the second set's")
+    return 0
+
+
 def findings(rep: VisionReport) -> str:
     """The findings as a markdown list (the notebook displays it)."""
     return "\n".join("- " + line for line in rep.findings)
@@ -247,8 +295,7 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     metrics = report_metrics(primary, fields, members, curve, rel_curve, src, s, lines)
     cm.write_stage_metrics(out, STAGE, metrics)
     data = out / "data"
-    frames = pd.concat([primary_frame.assign(set="primary"), explore.assign(set="exploratory")]
-                       if explore is not None else [primary_frame.assign(set="primary")])
+    frames = sharpness_table(primary_frame, explore, s.n_images // s.batch_size)
     frames.drop(columns="seconds").assign(per_batch=frames["per_batch"].map(json.dumps),
                                           base_loss=frames["base_loss"].map(json.dumps)).to_csv(
         data / "sharpness.csv", index=False)
@@ -262,3 +309,7 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
                   .to_dict(orient="index"))
     cm.write_stage_timings(out, STAGE, timing)
     return VisionReport(members, primary, curve, rel_curve, between, hp_rank, labels, lines, metrics, timing)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

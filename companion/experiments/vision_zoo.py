@@ -52,7 +52,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from open_clip.transformer import VisionTransformer
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -190,6 +189,8 @@ class GlyphViT(nn.Module):
     """
 
     def __init__(self, config: ViTConfig, image_size: int, n_classes: int):
+        from open_clip.transformer import VisionTransformer   # here: the gpu slices import this module without open_clip
+
         super().__init__()
         if image_size % config.patch_size:
             raise ValueError(f"patch_size {config.patch_size} does not divide the image size {image_size}")

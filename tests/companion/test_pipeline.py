@@ -1,5 +1,6 @@
 """The papermill stage runner: parameter resolution and atomic publishing."""
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -131,6 +132,7 @@ def test_published_notebook_holds_no_wall_clock_and_timings_go_to_git_only(tmp_p
     assert "progress 3/3" in capfd.readouterr().err                 # echoed to the terminal instead
     timings = root / "reports" / "timings" / "demo.json"            # published beside, not a metrics key
     assert json.loads(timings.read_text())["total"] >= 0 and "total" not in json.loads(res.metrics.read_text())
+    assert json.loads(timings.read_text())["stage_wall_s"] >= 0                 # the pipeline adds the stage's wall time
     assert executed.metadata.papermill.parameters["params"] == {"slope": 2, "figname": "a.png"}   # the rest kept
     pdf = (root / "reports" / "figures" / "demo" / "a.pdf").read_bytes()
     assert b"/CreationDate (D:19700101000000Z)" in pdf                # no run date in a figure either
@@ -190,3 +192,49 @@ def test_run_publishes_a_headline_for_a_table1_stage(tmp_path):
     run_stage("demo", root=root, progress_bar=False)
     head = json.loads((root / "reports" / "headline" / "demo.json").read_text())
     assert head["n"] == 2 and head["tau"] == {"adaptive": 0.5}
+
+
+def _copy_stage_files(dst: Path, stage: str) -> Path:
+    (dst / "notebooks").mkdir(parents=True)
+    (dst / "notebooks" / f"{stage}.ipynb").write_bytes((ROOT / "notebooks" / f"{stage}.ipynb").read_bytes())
+    (dst / "params.yaml").write_bytes((ROOT / "params.yaml").read_bytes())
+    return dst
+
+
+def test_a_stage_run_in_two_folders_publishes_identical_bytes(tmp_path):
+    """Issue 24 item 6: no machine path, no random cell id, so the same run elsewhere gives the same files."""
+    roots = [_copy_stage_files(tmp_path / "first", "toy"), _copy_stage_files(tmp_path / "elsewhere" / "deeper", "toy")]
+    published = []
+    for root in roots:
+        run_stage("toy", root=root, overrides={"n_grid": 20}, progress_bar=False)
+        reports = root / "reports"
+        files = {p.relative_to(reports): p.read_bytes() for p in reports.rglob("*")
+                 if p.is_file() and p.relative_to(reports).parts[0] != "timings"}
+        published.append(files)
+        for rel, data in files.items():
+            assert str(root).encode() not in data and str(tmp_path).encode() not in data, f"{rel} holds a machine path"
+    assert sorted(published[0]) == sorted(published[1]) and len(published[0]) >= 4
+    for rel in published[0]:
+        assert published[0][rel] == published[1][rel], f"{rel} differs between the two folders"
+    nb = nbformat.read(roots[0] / "reports" / "notebooks" / "toy.ipynb", as_version=4)
+    assert [c.id for c in nb.cells] == [f"toy-{i:02d}" for i in range(len(nb.cells))]
+    assert nb.metadata.papermill.parameters.out_dir == "reports/.staging/toy/out"
+    assert nb.metadata.papermill.input_path == "notebooks/toy.ipynb"
+
+
+def test_published_notebooks_are_normalised_and_scrubbing_is_idempotent(tmp_path):
+    """Every committed notebook already has the bytes the scrub gives (so re-publishing changes nothing but
+    what the run computes), and holds no absolute path."""
+    from companion.pipeline import scrub_notebook
+
+    for nb_path in sorted((ROOT / "reports" / "notebooks").glob("*.ipynb")):
+        copy = tmp_path / nb_path.name
+        copy.write_bytes(nb_path.read_bytes())
+        scrub_notebook(copy, nb_path.stem)
+        assert copy.read_bytes() == nb_path.read_bytes(), f"{nb_path.name} is not normalised: " \
+            f"python -m companion.pipeline --normalise reports/notebooks/{nb_path.name}"
+        text = nb_path.read_text()
+        for prefix in ("/work/", "/tmp/", "/home/"):
+            assert prefix not in text, f"{nb_path.name} holds {prefix!r}"
+        # papermill's staging folders are mkdtemp names, <stage>-<8 random characters>/
+        assert not re.search(r"\.staging/\w+-\w{8}/", text), f"{nb_path.name} holds a random staging folder"

@@ -80,3 +80,28 @@ def test_batches_for_rounds_up_and_handles_no_signal():
     assert lr.batches_for(tau, 15, 2 / math.pi * math.asin(0.8)) == 60
     assert lr.batches_for(tau, 15, 0.8) == math.ceil(15 * analysis.spearman_brown_factor(tau, 0.8))
     assert lr.batches_for(-0.1, 15, 0.8) is None
+
+
+def test_random_splits_follow_the_preregistered_rule_against_a_loop():
+    """Issue 24 item 6: the retest of the halves as the mean over random splits of all the batches, from
+    paired.retest_splits; recomputed here with scipy, split by split."""
+    from scipy import stats
+
+    s = _settings(n_points=6 * 128, batch_size=128, split_n_splits=20, split_seed=5)
+    rng = np.random.default_rng(0)
+    level = rng.standard_normal(7)
+    rows = [dict(model=f"m{i}", measure="adaptive", rho=0.1, per_batch=json.dumps((level[i] + rng.standard_normal(6)).tolist()))
+            for i in range(7)]
+    frame = pd.DataFrame(rows)
+    v = np.array([json.loads(p) for p in frame["per_batch"]])
+    primary = pd.DataFrame([dict(measure="adaptive", retest=stats.kendalltau(v[:, :3].mean(1), v[:, 3:].mean(1)).statistic)])
+    got = lr.random_splits(frame, primary, s).iloc[0]
+    r = np.random.default_rng(5)
+    taus = []
+    for _ in range(20):
+        p = r.permutation(6)
+        taus.append(stats.kendalltau(v[:, p[:3]].mean(1), v[:, p[3:]].mean(1)).statistic)
+    assert got.retest_random_splits == pytest.approx(np.mean(taus), abs=1e-12)
+    assert got.retest_first_last == pytest.approx(primary.retest.iloc[0])
+    p = lr.load_settings("cpu")[1]
+    assert (p.split_n_splits, p.split_seed) == (1000, 24)      # the pre-registered rule, read from params.yaml

@@ -64,14 +64,16 @@ def test_readme_table1_block_is_generated_from_the_committed_table():
     (no number typed by hand, none stale)."""
     from pathlib import Path
 
-    from companion.experiments.table1 import README_BEGIN, README_END, readme_summary, retest_note
+    from companion.experiments.table1 import README_BEGIN, README_END, delta_sentences, readme_summary, retest_note
 
     root = ROOT
     text = (root / "README.md").read_text()
     block = text[text.index(README_BEGIN):text.index(README_END) + len(README_END)]
     note = retest_note(root / "reports" / "metrics")          # the language row's data need (exploratory)
     assert note is not None and note in block
-    assert block == readme_summary(root / "reports" / "table1.csv", [note])
+    deltas = delta_sentences(root / "reports" / "metrics", primary_only=True)   # the paired Δτ findings
+    assert deltas and all(d in block for d in deltas)
+    assert block == readme_summary(root / "reports" / "table1.csv", [*deltas, note])
     assert "| ours |" in block and "| paper |" in block
 
 
@@ -110,3 +112,33 @@ def test_the_language_retest_sentence_is_generated_from_its_metrics(tmp_path):
     (mdir / "language_retest.json").write_text(json.dumps(
         {"profile": "cpu", "target": 0.8, "batch_size": 128, "training_pairs_available": 4000, "measures": per}))
     assert "cannot be reached" in table1.retest_note(mdir)
+
+
+def test_paired_delta_columns_attach_to_the_primary_line_and_the_paper_delta_is_computed(tmp_path):
+    mdir = tmp_path / "m"
+    _write(mdir, "vision", [{"row": "vision", "variant": "all", "primary": True, "tau": TAU, "n_models": 72},
+                            {"row": "vision", "variant": "half", "exploratory": True, "tau": TAU, "n_models": 36}])
+    delta = {"name": "vision", "row": "vision", "stage": "vision", "n_models": 72,
+             "delta": {"geodesic_invariant": -0.1, "geodesic_mixed": 0.05},
+             "ci": {"geodesic_invariant": [-0.2, -0.01], "geodesic_mixed": [-0.03, 0.12]},
+             "power": {"geodesic_invariant": 0.9, "geodesic_mixed": 0.8},
+             "paper_delta": {"geodesic_invariant": 0.3, "geodesic_mixed": 0.29}, "expected_at_paper": {},
+             "verdict": {"geodesic_invariant": "contradicts the paper's direction", "geodesic_mixed": "inconclusive"}}
+    (mdir / "paired.json").write_text(json.dumps({"profile": "cpu", "delta_tau": [delta],
+                                                  "findings": ["head", "line a", "line b", "exploratory c"],
+                                                  "findings_primary": ["head", "line a", "line b"]}))
+    md, csvp = table1.write(mdir, tmp_path)
+    rows = list(csv.DictReader(open(csvp)))
+    prim = [r for r in rows if r["row"] == "vision" and r["comparison"] == "primary"][0]
+    expl = [r for r in rows if r["row"] == "vision" and r["comparison"] == "exploratory"][0]
+    pap = [r for r in rows if r["row"] == "vision" and r["source"] == "paper"][0]
+    assert float(prim["delta_tau_geodesic_invariant"]) == -0.1
+    assert float(prim["delta_tau_geodesic_mixed_ci_high"]) == 0.12 and float(prim["power_delta_geodesic_mixed"]) == 0.8
+    assert expl["delta_tau_geodesic_invariant"] == ""                  # exploratory lines carry no Δ
+    assert float(pap["delta_tau_geodesic_invariant"]) == 0.3           # the paper's Δ as the stage paired wrote it
+    lang = [r for r in rows if r["row"] == "language" and r["source"] == "paper"][0]
+    assert lang["delta_tau_geodesic_invariant"] == ""                 # no paired entry for that row
+    text = md.read_text()
+    assert "Paired Δτ" in text and "contradicts the paper's direction" in text and "exploratory c" in text
+    block = table1.readme_summary(csvp, table1.delta_sentences(mdir, primary_only=True))
+    assert "-0.10 [-0.20, -0.01] · power 0.90" in block and "exploratory c" not in block and "line b" in block

@@ -49,7 +49,7 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
 
     # recompute the primary taus and the retest from the published data, independently, with scipy
     data = reports / "data" / "vision"
-    sharp = pd.read_csv(data / "sharpness.csv")
+    sharp = pd.read_csv(data / "sharpness.csv", float_precision="round_trip")
     members = pd.read_csv(data / "members.csv", index_col="name")
     prim = sharp[sharp["set"] == "primary"]
     assert len(prim) == 6 * 3 and "seconds" not in sharp.columns and "train_seconds" not in members.columns
@@ -58,6 +58,8 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
         pb = np.array([json.loads(v) for v in at["per_batch"]])
         assert pb.shape == (6, 4)  # two sets of 2 batches
         first, second = pb[:, :2].mean(1), pb[:, 2:].mean(1)
+        assert np.array_equal(at["value"].to_numpy(), first)      # the published value is the one τ uses
+        assert np.allclose(at["value_set2"].to_numpy(), second)
         assert entry["tau"][m] == pytest.approx(stats.kendalltau(first, members["gap"]).statistic, nan_ok=True)
         assert entry["retest"][m] == pytest.approx(stats.kendalltau(first, second).statistic, nan_ok=True)
         rel, rt = entry["gap_reliability"], entry["retest"][m]

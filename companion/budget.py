@@ -1,0 +1,115 @@
+"""The time budget of ``make repro`` (cpu profile), per stage, for the README (issue 24 item 7).
+
+Every number comes from a file under ``reports/timings/`` (git only, never a DVC output):
+
+1. ``<stage>.json``'s ``stage_wall_s`` — the stage's own wall time at its last run, written by
+   :func:`companion.pipeline.run_stage` for a notebook stage and by the command of ``language_retest`` and
+   ``table1``;
+2. else the timed fresh-clone run (``fresh_clone_stages.txt``: a notebook stage's closing line
+   ``stage <name> (<profile>) done in <s>s``; ``fresh_clone.log``: a step ``END <name> rc=0 seconds=<s>``
+   that is one stage, ``language_train``);
+3. else the stage's own ``total`` (``vision_train.json``);
+
+and a stage with none of these is listed as "not timed". Stages the cpu profile skips say so (a stage's
+``params.yaml`` section can say it: ``language_stability``'s ``n_zoos: 0``). The block states the sum, and
+that the sum was **not** measured as one fresh-clone run unless such a run is recorded for it.
+
+``python -m companion.budget [--timings reports/timings] [--readme README.md]`` prints the block (and
+replaces the README's ``budget`` block).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+README_BEGIN, README_END = "<!-- budget:begin (python -m companion.budget --readme README.md) -->", "<!-- budget:end -->"
+_STAGE_LINE = re.compile(r"stage (\S+) \((\w+)\) done in ([\d.]+)s")
+_END_LINE = re.compile(r"^\d\d:\d\d:\d\d END (\S+) rc=0 seconds=(\d+)$")
+#: stages the cpu profile does not run (their command writes a record saying so, in seconds)
+CPU_SKIPPED = {"language_stability": "skipped in the cpu profile (n_zoos: 0)"}
+
+
+def stages(dvc_yaml: str | Path = REPO_ROOT / "dvc.yaml") -> list[str]:
+    """The pipeline's stages in ``dvc.yaml``'s order."""
+    return list(yaml.safe_load(Path(dvc_yaml).read_text())["stages"])
+
+
+def stage_seconds(timings: str | Path, names: list[str]) -> dict[str, tuple[float | None, str]]:
+    """``stage -> (seconds or None, source)`` by the rules of the module docstring."""
+    t = Path(timings)
+    fresh = {}
+    if (t / "fresh_clone_stages.txt").is_file():
+        fresh |= {m[1]: float(m[3]) for m in _STAGE_LINE.finditer((t / "fresh_clone_stages.txt").read_text())}
+    if (t / "fresh_clone.log").is_file():
+        for line in (t / "fresh_clone.log").read_text().splitlines():
+            if (m := _END_LINE.match(line.strip())) and m[1] in names:
+                fresh.setdefault(m[1], float(m[2]))
+    out = {}
+    for s in names:
+        own = json.loads((t / f"{s}.json").read_text()) if (t / f"{s}.json").is_file() else {}
+        if s in CPU_SKIPPED:
+            out[s] = (0.0, CPU_SKIPPED[s])
+        elif "stage_wall_s" in own:
+            out[s] = (float(own["stage_wall_s"]), f"its last run (reports/timings/{s}.json)")
+        elif s in fresh:
+            out[s] = (fresh[s], "the timed fresh-clone run (reports/timings/fresh_clone*)")
+        elif isinstance(own.get("total"), (int, float)):
+            out[s] = (float(own["total"]), f"its own total (reports/timings/{s}.json)")
+        else:
+            out[s] = (None, "not timed")
+    return out
+
+
+def block(timings: str | Path = REPO_ROOT / "reports" / "timings", dvc_yaml: str | Path = REPO_ROOT / "dvc.yaml",
+          *, new_stages: tuple[str, ...] = ()) -> str:
+    """The README block: a table of minutes per stage with its source, the sum, and what was not measured."""
+    names = stages(dvc_yaml)
+    secs = stage_seconds(timings, names)
+    rows = [f"| {s}{' (new)' if s in new_stages else ''} | "
+            + ("–" if v is None else f"{v / 60:.1f}") + f" | {src} |" for s, (v, src) in secs.items()]
+    total = sum(v for v, _ in secs.values() if v is not None)
+    untimed = [s for s, (v, _) in secs.items() if v is None]
+    lines = [README_BEGIN,
+             f"**Per stage, cpu profile: {total / 60:.0f} minutes in all** (the sum of the stages' own times below, "
+             "taken from different runs; `make setup` not included).",
+             "", "| stage | minutes | measured on |", "|---|---|---|", *rows, "",
+             "A fresh clone's `make repro` of this total was not timed as one run in the session that added "
+             + (", ".join(f"`{s}`" for s in new_stages) if new_stages else "the newest stages")
+             + "; the one timed fresh-clone run is the block above."
+             + (f" Not timed: {', '.join(untimed)}." if untimed else ""),
+             README_END]
+    return "\n".join(lines)
+
+
+def update_readme(readme: str | Path, text: str) -> None:
+    body = Path(readme).read_text()
+    a, b = body.find(README_BEGIN), body.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(f"{readme} has no budget block ({README_BEGIN!r} … {README_END!r})")
+    Path(readme).write_text(body[:a] + text + body[b + len(README_END):])
+
+
+#: the stages added in issue 24's session (labelled "new" in the block)
+NEW_STAGES = ("paired",)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m companion.budget", description=__doc__.split("\n")[0])
+    ap.add_argument("--timings", default=str(REPO_ROOT / "reports" / "timings"))
+    ap.add_argument("--dvc-yaml", default=str(REPO_ROOT / "dvc.yaml"))
+    ap.add_argument("--readme", default=None)
+    args = ap.parse_args(argv)
+    text = block(args.timings, args.dvc_yaml, new_stages=NEW_STAGES)
+    if args.readme:
+        update_readme(args.readme, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

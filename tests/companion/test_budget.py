@@ -1,0 +1,30 @@
+"""companion.budget: per-stage minutes from reports/timings, the README block generated from them."""
+import json
+
+from companion import budget
+from tests import ROOT
+
+
+def test_sources_in_order_and_the_sum(tmp_path):
+    t = tmp_path / "timings"
+    t.mkdir()
+    (t / "a.json").write_text(json.dumps({"stage_wall_s": 120.0, "total": 5}))        # own wall time wins
+    (t / "b.json").write_text(json.dumps({"total": 60}))                              # fresh clone wins over total
+    (t / "c.json").write_text(json.dumps({"total": 30}))
+    (t / "fresh_clone_stages.txt").write_text("stage b (cpu) done in 90.0s\n")
+    (t / "fresh_clone.log").write_text("07:00:37 START d\n07:37:08 END d rc=0 seconds=600\n")
+    dvc = tmp_path / "dvc.yaml"
+    dvc.write_text("stages:\n  a: {cmd: x}\n  b: {cmd: x}\n  c: {cmd: x}\n  d: {cmd: x}\n  e: {cmd: x}\n"
+                   "  language_stability: {cmd: x}\n")
+    secs = budget.stage_seconds(t, budget.stages(dvc))
+    assert {s: v for s, (v, _) in secs.items()} == {"a": 120.0, "b": 90.0, "c": 30.0, "d": 600.0, "e": None,
+                                                   "language_stability": 0.0}
+    text = budget.block(t, dvc, new_stages=("a",))
+    assert "**Per stage, cpu profile: 14 minutes in all**" in text            # (120 + 90 + 30 + 600) / 60 = 14
+    assert "| a (new) | 2.0 |" in text and "Not timed: e." in text and "was not timed as one run" in text
+
+
+def test_readme_budget_block_is_generated():
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index(budget.README_BEGIN):text.index(budget.README_END) + len(budget.README_END)]
+    assert block == budget.block(new_stages=budget.NEW_STAGES)
