@@ -59,7 +59,7 @@ import pandas as pd
 from scipy import stats
 
 from companion import paper
-from companion.analysis import tau_rows
+from companion import analysis
 from companion.experiments import language_pilot as lp
 from companion.experiments import minilm_zoo as mz
 
@@ -198,50 +198,25 @@ def reliability(s_m: float, s_e: float, n_batches: int) -> float:
     return s_m / (s_m + s_e / n_batches) if s_m > 0 else 0.0
 
 
-def _nearest_pd(a: float, g: float, c: float) -> float:
-    """``corr(A, G) = c`` moved toward ``a·g`` by the smallest step that makes the 3 × 3 correlation matrix of
-    (A, G, Y) positive definite (``a = corr(A, Y)``, ``g = corr(G, Y)``)."""
-    def pd_(cc):
-        return np.linalg.eigvalsh(np.array([[1, cc, a], [cc, 1, g], [a, g, 1]])).min() > 1e-9
-    if pd_(c):
-        return c
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if pd_(c + mid * (a * g - c)) else (mid, hi)
-    return c + hi * (a * g - c)
-
-
 def paired_power(n: int, *, tau_a: float, tau_g: float, sign: float, rel_a: float, rel_g: float, rel_y: float,
                  corr_ag: float, n_sim: int, n_boot: int, confidence: float, seed: int) -> float:
-    """Monte Carlo power of the paired Δτ = sign·(τ_g − τ_a) over ``n`` members: the fraction of simulated zoos whose
-    paired-bootstrap interval (``n_boot`` resamples, the same resample for both measures) lies above 0.
-
-    Latent (A, G, Y) normal with corr(A, Y) = sin(π τ_a/2), corr(G, Y) = sin(π τ_g/2) and corr(A, G) = ``corr_ag``
-    (latent, i.e. disattenuated; made positive definite by :func:`_nearest_pd`); each variable then gets
-    independent noise so that its Pearson reliability is ``rel_a``, ``rel_g``, ``rel_y``
-    (``reports/preregistration/delta_tau.md``)."""
+    """Monte Carlo power of the paired Δτ = sign·(τ_g − τ_a) over ``n`` members at Pearson reliabilities ``rel_a``,
+    ``rel_g`` (the measures' values) and ``rel_y`` (the gap) and the latent (error-free) Pearson correlation
+    ``corr_ag`` of the two measures: :func:`companion.analysis.delta_power` (the design of
+    ``reports/preregistration/delta_tau.md``), whose reliabilities are on the Kendall-τ scale of a retest and whose
+    correlation of the measures is the observed τ — both converted here. 0 when a measure has no signal."""
     if n < 4:
         raise ValueError(f"n must be >= 4 members, got {n}")
     for name, r in (("rel_a", rel_a), ("rel_g", rel_g), ("rel_y", rel_y)):
         if not 0.0 <= r <= 1.0:
             raise ValueError(f"{name} must lie in [0, 1], got {r}")
-    a, g = math.sin(math.pi * tau_a / 2), math.sin(math.pi * tau_g / 2)
-    c = _nearest_pd(a, g, float(np.clip(corr_ag, -0.99, 0.99)))
-    chol = np.linalg.cholesky(np.array([[1, c, a], [c, 1, g], [a, g, 1]]))
-    rng = np.random.default_rng(seed)
-    lo_q = (1 - confidence) / 2
-    hits = 0
-    rel = np.array([rel_a, rel_g, rel_y])
-    for _ in range(n_sim):
-        z = rng.standard_normal((n, 3)) @ chol.T
-        x = np.sqrt(rel) * z + np.sqrt(1 - rel) * rng.standard_normal((n, 3))
-        idx = rng.integers(0, n, (n_boot, n))
-        xa, xg, y = x[idx, 0], x[idx, 1], x[idx, 2]
-        d = sign * (tau_rows(xg, y) - tau_rows(xa, y))
-        d = d[np.isfinite(d)]
-        hits += d.size > 0 and np.quantile(d, lo_q) > 0
-    return hits / n_sim
+    if rel_a <= 0 or rel_g <= 0:
+        return 0.0
+    to_tau = lambda r: 2 / math.pi * math.asin(min(r, 1.0))  # noqa: E731 (Pearson -> Kendall, Greiner)
+    observed = float(np.clip(corr_ag, -0.99, 0.99)) * math.sqrt(rel_a * rel_g)
+    return analysis.delta_power(n, tau_g, tau_a, retest_x=to_tau(rel_g), retest_base=to_tau(rel_a), rel_y=rel_y,
+                                tau_between=to_tau(observed) if observed >= 0 else -to_tau(-observed),
+                                sign=int(sign), n_sim=n_sim, n_boot=n_boot, seed=seed, confidence=confidence)
 
 
 def paper_delta() -> dict[str, float]:

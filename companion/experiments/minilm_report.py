@@ -18,17 +18,15 @@ iterations), the member count and the fit rule come from the pilot, committed be
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import pandas as pd
 
-from companion import analysis, paper
+from companion import paper
 from companion.experiments import language_pilot as lp
 from companion.experiments import language_report as lr
 from companion.experiments import minilm_pilot as mp
@@ -109,71 +107,28 @@ def measure_primary(s: MiniLMSettings, src: mz.MiniLMZoo, names: list[str], *, p
                        seed=s.seed, n_iters=s.n_iters, progress=progress, workers=s.workers)
 
 
-def paired_delta(a: np.ndarray, g: np.ndarray, gap: np.ndarray, *, sign: float, n_boot: int, seed: int,
-                 confidence: float) -> dict[str, float]:
-    """Δ = sign·(τ(g, gap) − τ(a, gap)) with a percentile interval of the paired bootstrap over members: resample
-    ``default_rng(seed).integers(0, n, (n_boot, n))``, the same resample for both τ; resamples where a τ is
-    undefined are dropped."""
-    a, g, gap = (np.asarray(v, dtype=float) for v in (a, g, gap))
-    n = gap.size
-    if not (a.size == g.size == n) or n < 3:
-        raise ValueError(f"paired Δτ needs three aligned vectors of >= 3 members, got {a.size}, {g.size}, {n}")
-    delta = sign * (analysis.tau_rows(g, gap)[0] - analysis.tau_rows(a, gap)[0])
-    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
-    boots = sign * (analysis.tau_rows(g[idx], gap[idx]) - analysis.tau_rows(a[idx], gap[idx]))
-    boots = boots[np.isfinite(boots)]
-    q = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [q, 1 - q]) if boots.size else (math.nan, math.nan)
-    return {"delta": float(delta), "ci_low": float(lo), "ci_high": float(hi), "n_boot_kept": int(boots.size)}
+def paired_settings(s: MiniLMSettings, data_dir: str | Path):
+    """The stage ``paired``'s settings for this row alone (its loader of the ``language`` layout reads ``data_dir``)."""
+    from companion.experiments import paired as pr
 
-
-def retest_splits(frame: pd.DataFrame, names, *, n_splits: int, seed: int) -> dict[str, float]:
-    """Per measure: the Kendall τ between the means over two random halves of the batches, averaged over
-    ``n_splits`` random splits (the pre-registered retest of the halves for language rows)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for m in STANDARD:
-        v = np.array([list(x) for x in frame[frame["measure"] == m].set_index("model").loc[names, "per_batch"]])
-        nb = v.shape[1]
-        perms = np.array([rng.permutation(nb) for _ in range(n_splits)])
-        a = np.stack([v[:, p[: nb // 2]].mean(1) for p in perms])
-        b = np.stack([v[:, p[nb // 2: 2 * (nb // 2)]].mean(1) for p in perms])
-        out[m] = float(np.nanmean(analysis.tau_rows(a, b)))
-    return out
-
-
-def delta_table(s: MiniLMSettings, frame: pd.DataFrame, members: pd.DataFrame, primary: pd.DataFrame,
-                gap_rel: float | None) -> pd.DataFrame:
-    """One row per geodesic measure: the paired Δτ, its interval, the paper's Δ, the power at the paper's Δ (Monte
-    Carlo, :func:`companion.experiments.minilm_pilot.paired_power`, reliabilities measured on this zoo: the halves'
-    retest as the mean over random splits, Spearman–Brown to the mean of both halves) and the decision rule."""
-    names = list(members.index)
-    tau = paper.table1_tau("language")
-    sign = math.copysign(1.0, tau["geodesic_mixed"])
-    val = {m: frame[frame["measure"] == m].set_index("model")["value"].loc[names].to_numpy() for m in STANDARD}
-    gap = members["gap"].to_numpy(dtype=float)
     p = s.paired
-    rt = retest_splits(frame, names, n_splits=p.retest_splits, seed=p.seed)
-    rel_tau = {m: lr.full_length_reliability(rt[m]) for m in STANDARD}
-    rel = {m: math.sin(math.pi * max(rel_tau[m], 0.0) / 2) if math.isfinite(rel_tau[m]) else 0.0 for m in STANDARD}
-    rows = []
-    for g in mp.GEODESIC:
-        d = paired_delta(val[mp.BASELINE], val[g], gap, sign=sign, n_boot=p.n_boot, seed=p.seed, confidence=p.confidence)
-        t_ag = analysis.tau_rows(val[mp.BASELINE], val[g])[0]
-        r_ag = math.sin(math.pi * t_ag / 2) / math.sqrt(max(rel[mp.BASELINE] * rel[g], 1e-12)) if math.isfinite(t_ag) else 0.0
-        known = gap_rel is not None and math.isfinite(gap_rel) and len(names) >= 4
-        power = mp.paired_power(len(names), tau_a=tau[mp.BASELINE], tau_g=tau[g], sign=sign, rel_a=rel[mp.BASELINE],
-                                rel_g=rel[g], rel_y=min(max(gap_rel, 0.0), 1.0), corr_ag=r_ag, n_sim=p.power_n_sim,
-                                n_boot=p.power_n_boot, confidence=p.confidence, seed=p.seed) if known else math.nan
-        paper_delta = sign * (tau[g] - tau[mp.BASELINE])
-        verdict = ("supports the paper" if d["ci_low"] > 0 else "contradicts the paper's direction" if d["ci_high"] < 0
-                   else "inconclusive")
-        if d["ci_high"] < paper_delta and d["ci_low"] <= 0:
-            verdict += "; the paper's Δ lies above the interval"
-        rows.append(dict(measure=g, delta=d["delta"], ci_low=d["ci_low"], ci_high=d["ci_high"], paper_delta=paper_delta,
-                         power=power, n=len(names), n_boot=p.n_boot, retest_splits_baseline=rt[mp.BASELINE],
-                         retest_splits=rt[g], corr_measures_tau=float(t_ag), verdict=verdict))
-    return pd.DataFrame(rows)
+    return pr.PairedSettings(
+        rows={STAGE: pr.RowSpec(row="language", layout="language", data=str(data_dir))}, baseline=mp.BASELINE,
+        geodesic=list(mp.GEODESIC), n_boot=p.n_boot, seed=p.seed, confidence=p.confidence,
+        power=pr.PowerSettings(n_sim=p.power_n_sim, n_boot=p.power_n_boot, seed=p.seed),
+        retest_splits=pr.SplitSettings(n_splits=p.retest_splits, seed=p.seed),
+        exploratory=pr.ExploratorySettings(row=STAGE, factors=[], control="train_error"))
+
+
+def delta_table(s: MiniLMSettings, data_dir: str | Path) -> pd.DataFrame:
+    """One row per geodesic measure: the paired Δτ with its interval, the paper's Δ, the power at the paper's Δ and
+    the pre-registered verdict — :func:`companion.experiments.paired.delta_table` on this stage's published tables
+    (``data_dir``: ``members.csv``, ``sharpness.csv``, ``primary.csv``), so the numbers are the ones the stage
+    ``paired`` computes for this row (retest of the halves as the mean over random splits, Spearman–Brown)."""
+    from companion.experiments import paired as pr
+
+    ps = paired_settings(s, data_dir)
+    return pr.delta_table(pr.load_row(STAGE, ps.rows[STAGE], ps), ps)
 
 
 def table1_entries(rep: MiniLMReport) -> list[dict]:
@@ -187,7 +142,8 @@ def table1_entries(rep: MiniLMReport) -> list[dict]:
              "tau": t["tau"].to_dict(), "ci": {m: [r.ci_low, r.ci_high] for m, r in t.iterrows()},
              "rho": t["rho"].to_dict(), "retest": t["retest"].to_dict(), "reliability": t["reliability"].to_dict(),
              "delta_tau": d["delta"].to_dict(), "delta_tau_ci": {m: [r.ci_low, r.ci_high] for m, r in d.iterrows()},
-             "power_delta": d["power"].to_dict(), "paper_delta_tau": d["paper_delta"].to_dict()}
+             "power_delta": d["power"].to_dict(), "paper_delta_tau": d["paper_delta"].to_dict(),
+             "verdict_delta": d["verdict"].to_dict()}
     if t["ceiling"].notna().all():
         entry |= {"gap_reliability": float(t["gap_reliability"].iloc[0]), "tau_ceiling": t["ceiling"].to_dict(),
                   "power": t["power"].to_dict()}
@@ -217,14 +173,13 @@ def findings(rep: MiniLMReport) -> str:
 
 
 def save_report_data(rep: MiniLMReport, out_dir: str | Path) -> None:
-    """``out_dir/data``: sharpness.csv, members.csv, primary.csv, delta_tau.csv (the ``language`` layout + Δτ)."""
+    """``out_dir/data``: sharpness.csv, members.csv, primary.csv (the ``language`` layout)."""
     data = Path(out_dir) / "data"
     data.mkdir(parents=True, exist_ok=True)
     fr = rep.frame
     fr.drop(columns="seconds").assign(per_batch=fr["per_batch"].map(json.dumps),
                                       base_loss=fr["base_loss"].map(json.dumps)).to_csv(data / "sharpness.csv", index=False)
     rep.primary.to_csv(data / "primary.csv", index=False)
-    rep.delta.to_csv(data / "delta_tau.csv", index=False)
     members = rep.members.drop(columns=[c for c in ("seconds", "cpu_seconds") if c in rep.members])
     for col in ("test_error_by_template", "hyperparameters"):
         if col in members:
@@ -250,12 +205,15 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
     errors = src.eval_errors(names)
     gap_rel = lp.split_half_reliability(errors, members["train_error"].to_numpy(), n_splits=s.gap_splits, seed=s.seed)
     primary = lr.primary_table(s, frame, members, gap_rel)
-    delta = delta_table(s, frame, members, primary, gap_rel)
     subsets = lr.explore_subsets(s, frame, members)
+    rep = MiniLMReport(s, src.meta["setting"], members, frame, primary, pd.DataFrame(), subsets, {}, "")
+    save_report_data(rep, out_dir)
+    rep.delta = delta_table(s, Path(out_dir) / "data")
+    rep.delta.to_csv(Path(out_dir) / "data" / "delta_tau.csv", index=False)
     seconds = time.perf_counter() - t0
-    rep = MiniLMReport(s, src.meta["setting"], members, frame, primary, delta, subsets, {}, "")
     rep.findings = findings(rep)
     gap = members["gap"]
+    delta = rep.delta
     rep.metrics = {
         "table1": table1_entries(rep), "table1_row": "MNLI", "profile": profile, "setting": rep.setting,
         "primary_delta_tau": delta.to_dict("records"), "primary": primary.to_dict("records"),
@@ -270,7 +228,6 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
                 "base": src.meta["base"], "n_parameters_fine_tuned": src.meta["n_parameters"]},
     }
     cm.write_stage_metrics(out_dir, STAGE, rep.metrics)
-    save_report_data(rep, out_dir)
     cm.write_stage_timings(out_dir, STAGE, {"seconds": seconds})
     print(f"minilm: {len(members)} members measured in {seconds:.0f} s", file=sys.stderr)
     return rep

@@ -30,11 +30,16 @@ def test_paired_power_size_and_power():
         mp.paired_power(10, tau_a=0, tau_g=0, sign=1, rel_a=1.5, rel_g=1, rel_y=1, corr_ag=0, **POWER)
 
 
-def test_nearest_pd_moves_only_when_needed():
-    assert mp._nearest_pd(0.3, 0.4, 0.2) == 0.2
-    c = mp._nearest_pd(0.9, -0.9, 0.9)   # corr(A, Y) and corr(G, Y) of opposite sign: corr(A, G) cannot be 0.9
-    m = np.array([[1, c, 0.9], [c, 1, -0.9], [0.9, -0.9, 1]])
-    assert np.linalg.eigvalsh(m).min() > 0 and c < 0.9
+def test_paired_power_converts_to_the_shared_power_function():
+    from companion import analysis
+
+    kw = dict(n_sim=30, n_boot=100, seed=3, confidence=0.95)
+    # Pearson reliability 1 is retest tau 1; a latent correlation of 0.5 at perfect reliability is observed as
+    # Kendall tau (2/pi) asin(0.5) = 1/3
+    ours = mp.paired_power(20, tau_a=0.1, tau_g=0.5, sign=1.0, rel_a=1.0, rel_g=1.0, rel_y=0.9, corr_ag=0.5, **kw)
+    ref = analysis.delta_power(20, 0.5, 0.1, retest_x=1.0, retest_base=1.0, rel_y=0.9, tau_between=1 / 3, sign=1, **kw)
+    assert ours == ref
+    assert mp.paired_power(20, tau_a=0.1, tau_g=0.5, sign=1.0, rel_a=0.0, rel_g=1.0, rel_y=0.9, corr_ag=0.5, **kw) == 0
 
 
 def test_choose_rho_follows_the_ratio_rule_then_the_retest():

@@ -1,42 +1,18 @@
-"""The MiniLM stage's paired Δτ and retest (companion.experiments.minilm_report), against scipy."""
+"""The MiniLM stage's settings for the shared paired-Δτ code (companion.experiments.minilm_report)."""
 from __future__ import annotations
 
-import json
-
-import numpy as np
-import pandas as pd
 import pytest
-from scipy import stats
 
 from companion.experiments import minilm_report as mr
 
 
-def test_paired_delta_matches_a_scipy_bootstrap():
-    rng = np.random.default_rng(1)
-    gap = rng.normal(size=15)
-    a = 0.2 * gap + rng.normal(size=15)
-    g = 0.8 * gap + rng.normal(size=15)
-    out = mr.paired_delta(a, g, gap, sign=-1.0, n_boot=300, seed=5, confidence=0.9)
-    tau = lambda x, y: stats.kendalltau(x, y).statistic  # noqa: E731
-    assert out["delta"] == pytest.approx(-(tau(g, gap) - tau(a, gap)))
-    idx = np.random.default_rng(5).integers(0, 15, (300, 15))
-    boots = np.array([-(tau(g[i], gap[i]) - tau(a[i], gap[i])) for i in idx])
-    boots = boots[np.isfinite(boots)]
-    assert out["n_boot_kept"] == boots.size
-    assert [out["ci_low"], out["ci_high"]] == pytest.approx(list(np.quantile(boots, [0.05, 0.95])))
-    with pytest.raises(ValueError, match="aligned"):
-        mr.paired_delta(a[:3], g, gap, sign=1.0, n_boot=10, seed=0, confidence=0.95)
-
-
-def test_retest_splits_is_the_mean_over_random_halves():
-    rng = np.random.default_rng(2)
-    vals = rng.random((6, 4))
-    frame = pd.DataFrame([dict(model=f"m{i}", measure=m, per_batch=list(vals[i] + k)) for k, m in
-                          enumerate(("adaptive", "geodesic_invariant", "geodesic_mixed")) for i in range(6)])
-    names = [f"m{i}" for i in range(6)]
-    out = mr.retest_splits(frame, names, n_splits=7, seed=3)
-    rng = np.random.default_rng(3)
-    perms = [rng.permutation(4) for _ in range(7)]
-    ref = np.mean([stats.kendalltau(vals[:, p[:2]].mean(1), vals[:, p[2:]].mean(1)).statistic for p in perms])
-    assert out["adaptive"] == pytest.approx(ref)
-    assert json.dumps(out)   # plain floats
+def test_paired_settings_name_this_row_only(tmp_path):
+    p = mr.PairedSettings(n_boot=10, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=10, retest_splits=7)
+    s = mr.MiniLMSettings(zoo_dir="", device="cpu", threads=1, workers=1, n_points=8, batch_size=4, data_seed=0, n_iters=1,
+                          seed=0, rho=None, eps=0.0, max_train_error=0.2, n_boot=10, gap_splits=5, power_alpha=0.05,
+                          power_n_sim=5, paired=p)
+    ps = mr.paired_settings(s, tmp_path)
+    assert list(ps.rows) == ["minilm"] and ps.rows["minilm"].row == "language" and ps.rows["minilm"].layout == "language"
+    assert (ps.n_boot, ps.seed, ps.power.n_sim, ps.retest_splits.n_splits) == (10, 24, 5, 7)
+    with pytest.raises(ValueError, match="rho is null"):
+        mr.measure_primary(s, None, [])
