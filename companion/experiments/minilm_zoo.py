@@ -60,6 +60,7 @@ KIND = "minilm_nli"
 #: the Table 1 setting of the row (``n_top`` fine-tuned layers)
 SETTING = "MNLI analogue, fine-tunes of pre-trained all-MiniLM-L6-v2 (top {n_top} of 6 layers)"
 WEIGHTS = "top.safetensors"
+RECORD = "record.json"
 
 
 @dataclass(frozen=True)
@@ -371,6 +372,9 @@ def train_member(spec: MiniLMSpec, data: Data, base, out: str | Path, i: int) ->
     rec["hyperparameters"].pop("n_models")
     rec["hyperparameters"].pop("base_seed")
     save_top(top, Path(out) / name)
+    # the member's record beside its weights (no times: a DVC output), so that an interrupted zoo can be assembled
+    (Path(out) / name / RECORD).write_text(json.dumps({k: v for k, v in rec.items() if k not in ("seconds", "cpu_seconds")},
+                                                      indent=1))
     return rec
 
 
@@ -459,27 +463,56 @@ def train_zoo(spec: MiniLMSpec, out_dir: str | Path, *, progress: bool = True) -
             finally:
                 cache.unlink(missing_ok=True)
         bar.close()
-        top = top_from_base(base, spec.n_frozen, 0)
-        heur = nc.overlap_heuristic(data.splits["train"])
         timings = {"seconds_total": time.perf_counter() - t0, "seconds_features": t_feat,
                    "members": {r["name"]: {"seconds": r.pop("seconds"), "cpu_seconds": r.pop("cpu_seconds")}
                                for r in records}}
-        zoo = {
-            "format": ZOO_FORMAT, "kind": KIND, "spec": spec.to_dict(),
-            "corpus": {k: len(v) for k, v in data.splits.items()},
-            "overlap_heuristic": {s: {"accuracy": nc.accuracy(heur, e), "binary_accuracy": nc.accuracy(heur, e, binary=True)}
-                                  for s, e in data.splits.items()},
-            "base": {"model": "all-MiniLM-L6-v2", "source": spec.base,
-                     "weights_sha256": file_sha256(base_weights_file(src)),
-                     "n_layers": base.config.num_hidden_layers, "n_frozen": spec.n_frozen,
-                     "n_parameters": sum(p.numel() for p in base.parameters())},
-            "n_parameters": sum(p.numel() for p in top.parameters()),
-            "setting": SETTING.format(n_top=base.config.num_hidden_layers - spec.n_frozen),
-            "torch_threads": torch.get_num_threads(), "cpu_kernels": lz.cpu_kernels(),
-            "models": records,
-        }
+        zoo = zoo_meta(spec, data.splits, base, src, records)
     (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
     lz.timings_file(out).write_text(json.dumps(timings, indent=1))
+    return zoo
+
+
+def zoo_meta(spec: MiniLMSpec, splits: Mapping[str, list], base, src: Path, records: list[dict]) -> dict:
+    """``zoo.json``'s content; ``complete`` says whether it holds every member ``spec`` asks for."""
+    top = top_from_base(base, spec.n_frozen, 0)
+    heur = nc.overlap_heuristic(splits["train"])
+    return {
+        "format": ZOO_FORMAT, "kind": KIND, "spec": spec.to_dict(),
+        "complete": len(records) == spec.finetune.n_models, "n_planned": spec.finetune.n_models,
+        "corpus": {k: len(v) for k, v in splits.items()},
+        "overlap_heuristic": {s: {"accuracy": nc.accuracy(heur, e), "binary_accuracy": nc.accuracy(heur, e, binary=True)}
+                              for s, e in splits.items()},
+        "base": {"model": "all-MiniLM-L6-v2", "source": spec.base, "weights_sha256": file_sha256(base_weights_file(src)),
+                 "n_layers": base.config.num_hidden_layers, "n_frozen": spec.n_frozen,
+                 "n_parameters": sum(p.numel() for p in base.parameters())},
+        "n_parameters": sum(p.numel() for p in top.parameters()),
+        "setting": SETTING.format(n_top=base.config.num_hidden_layers - spec.n_frozen),
+        "torch_threads": torch.get_num_threads(), "cpu_kernels": lz.cpu_kernels(),
+        "models": records,
+    }
+
+
+def finalize(spec: MiniLMSpec, out_dir: str | Path) -> dict:
+    """``zoo.json`` of an interrupted :func:`train_zoo`: the longest run of members ``model_000, model_001, …`` whose
+    training finished (their ``record.json``), labelled ``complete: false`` with ``n_planned``. Refuses a folder
+    without the corpus and base configuration (training had not started) or without a finished first member."""
+    out = Path(out_dir)
+    if not (out / "corpus" / "train.jsonl").is_file() or not (out / "base" / "config.json").is_file():
+        raise FileNotFoundError(f"{out} holds no started MiniLM zoo (corpus/ and base/config.json)")
+    records = []
+    for i in range(spec.finetune.n_models):
+        path = out / lz.model_name(i) / RECORD
+        if not path.is_file() or not (out / lz.model_name(i) / WEIGHTS).is_file():
+            break
+        records.append(json.loads(path.read_text()))
+    if not records:
+        raise FileNotFoundError(f"{out}: member model_000 has not finished; nothing to assemble")
+    for d in out.glob("model_*"):          # members beyond the finished run are not part of the zoo
+        if int(d.name.split("_")[1]) >= len(records):
+            shutil.rmtree(d)
+    src = base_dir(spec)
+    zoo = zoo_meta(spec, nc.make_corpus(spec.corpus), load_base(src), src, records)
+    (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
     return zoo
 
 
@@ -606,6 +639,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--section", default="minilm_train")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     tr.add_argument("--no-progress", action="store_true")
+    fi = sub.add_parser("finalize", help="write zoo.json for the members an interrupted `train` finished")
+    fi.add_argument("--out", default="data/zoos/minilm")
+    fi.add_argument("--profile", default=None)
+    fi.add_argument("--params", default="params.yaml")
+    fi.add_argument("--section", default="minilm_train")
+    fi.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     for kv in args.set:
         if "=" not in kv:
@@ -622,6 +661,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv_ = list(sys.argv[1:]) if argv is None else list(argv)
             os.execve(sys.executable, [sys.executable, "-m", "companion.experiments.minilm_zoo", *argv_],
                       {**os.environ, **env, "HIDESEEK_KERNEL_REEXEC": "1"})
+    if args.cmd == "finalize":     # after the kernels are pinned: zoo.json records the ones in force
+        zoo = finalize(spec, args.out)
+        print(f"{args.out}: {len(zoo['models'])} of {zoo['n_planned']} members finished; zoo.json written")
+        return 0
     print(f"MiniLM zoo, profile {profile!r}, {threads} thread(s), {spec.workers} worker(s) -> {args.out}", flush=True)
     try:
         zoo = train_zoo(spec, args.out, progress=not args.no_progress)

@@ -146,3 +146,19 @@ def test_training_is_deterministic_and_workers_change_nothing(zoo, standin, tmp_
     assert not mz.features_file(tmp_path / "z2").exists()
     a, b = json.loads((zoo / "zoo.json").read_text()), json.loads((tmp_path / "z2" / "zoo.json").read_text())
     assert a["models"] == b["models"]
+
+
+def test_an_interrupted_zoo_is_assembled_from_its_finished_members(zoo, tmp_path):
+    import shutil
+
+    part = tmp_path / "part"
+    shutil.copytree(zoo, part)
+    (part / "zoo.json").unlink()
+    (part / "model_002" / mz.RECORD).unlink()       # member 2 did not finish: 0-1 are the finished run
+    spec = mz.MiniLMSpec.from_dict({**TINY_SPEC, "base": json.loads((zoo / "zoo.json").read_text())["spec"]["base"]})
+    meta = mz.finalize(spec, part)
+    full = json.loads((zoo / "zoo.json").read_text())
+    assert meta["complete"] is False and meta["n_planned"] == 4 and full["complete"] is True
+    assert meta["models"] == full["models"][:2]
+    assert sorted(p.name for p in part.glob("model_*")) == ["model_000", "model_001"]
+    assert len(mz.MiniLMZoo(part).loaders()) == 2
