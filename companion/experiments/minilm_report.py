@@ -85,6 +85,7 @@ class MiniLMReport:
     subsets: dict
     metrics: dict
     findings: str
+    n_planned: int | None = None   # members the pre-registration asked for (more than ``members`` if training was cut)
 
 
 def measure_primary(s: MiniLMSettings, src: mz.MiniLMZoo, names: list[str], *, progress: bool = True) -> pd.DataFrame:
@@ -136,9 +137,12 @@ def table1_entries(rep: MiniLMReport) -> list[dict]:
     t = rep.primary.set_index("measure")
     d = rep.delta.set_index("measure")
     n = len(rep.members)
+    planned = rep.n_planned if rep.n_planned is not None else n
+    cut = "" if planned == n else (f"; only {n} of the {planned} pre-registered members finished training in the "
+                                   "session's time (the first {n} seeds)").format(n=n)
     entry = {"row": "language", "setting": rep.setting,
              "variant": f"{n} seed-only fine-tunes of pre-trained all-MiniLM-L6-v2, all members, ρ and protocol "
-                        "pre-registered on pilot members", "primary": True, "exploratory": False, "n_models": n,
+                        f"pre-registered on pilot members{cut}", "primary": True, "exploratory": False, "n_models": n,
              "tau": t["tau"].to_dict(), "ci": {m: [r.ci_low, r.ci_high] for m, r in t.iterrows()},
              "rho": t["rho"].to_dict(), "retest": t["retest"].to_dict(), "reliability": t["reliability"].to_dict(),
              "delta_tau": d["delta"].to_dict(), "delta_tau_ci": {m: [r.ci_low, r.ci_high] for m, r in d.iterrows()},
@@ -163,6 +167,10 @@ def table1_entries(rep: MiniLMReport) -> list[dict]:
 def findings(rep: MiniLMReport) -> str:
     """The findings in words, generated from the numbers."""
     lines = []
+    if rep.n_planned is not None and rep.n_planned != len(rep.members):
+        lines.append(f"- **Zoo cut short**: {len(rep.members)} of the {rep.n_planned} pre-registered members finished "
+                     "training in the session's time; every number below is over those (the first seeds), with the "
+                     "pre-registered radii and protocol.")
     for r in rep.delta.itertuples():
         lines.append(f"- **Δτ {r.measure.replace('_', ' ')} − adaptive** (primary, paired over {r.n} members, signed by "
                      f"the paper's τ): {r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]; paper {r.paper_delta:+.2f}; "
@@ -206,7 +214,8 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
     gap_rel = lp.split_half_reliability(errors, members["train_error"].to_numpy(), n_splits=s.gap_splits, seed=s.seed)
     primary = lr.primary_table(s, frame, members, gap_rel)
     subsets = lr.explore_subsets(s, frame, members)
-    rep = MiniLMReport(s, src.meta["setting"], members, frame, primary, pd.DataFrame(), subsets, {}, "")
+    rep = MiniLMReport(s, src.meta["setting"], members, frame, primary, pd.DataFrame(), subsets, {}, "",
+                       src.meta.get("n_planned"))
     save_report_data(rep, out_dir)
     rep.delta = delta_table(s, Path(out_dir) / "data")
     rep.delta.to_csv(Path(out_dir) / "data" / "delta_tau.csv", index=False)
@@ -225,6 +234,7 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
                      "seed": s.seed, "data_seed": s.data_seed, "n_boot": s.n_boot, "paired": vars(s.paired)},
         "zoo": {"n_models": len(members), "gap_min": float(gap.min()), "gap_max": float(gap.max()),
                 "gap_median": float(gap.median()), "train_error_max": float(members["train_error"].max()),
+                "n_planned": rep.n_planned, "complete": src.meta.get("complete", True),
                 "base": src.meta["base"], "n_parameters_fine_tuned": src.meta["n_parameters"]},
     }
     cm.write_stage_metrics(out_dir, STAGE, rep.metrics)
