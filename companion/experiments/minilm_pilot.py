@@ -406,6 +406,12 @@ def markdown(r: dict) -> str:
               "Predicted retest of the halves: " + ", ".join(f"{k} {v:.2f}" for k, v in pre["predicted_retest_half"].items())
               + f" (target {s['target']:g}); power of the paired Δτ at the paper's Δ with {pre['n_models']} members: "
               + ", ".join(f"{k} {v:.2f}" for k, v in pre["power_at_n_models"].items()) + "."]
+    flat = sorted(m for m, r in pre["predicted_reliability"].items() if r <= 0)
+    if flat:
+        lines.append(f"At the chosen radii the pilot finds no member variance for {', '.join(flat)} (variance components: "
+                     f"s_member ≤ 0 on {2 * s['n_half']} batches of {r['n_members']} members), so its predicted reliability is 0 at every candidate "
+                     "protocol and so is every power above; the pre-registered tie-break (fewer batches) then decides. "
+                     "A zoo this size and this noisy cannot test the paper's Δ; its τ and Δτ are reported as measured.")
     if pre["cap_binds"]:
         lines.append(f"**The CPU budget binds**: no member count the budget allows reaches {s['target_power']:g} power; "
                      f"the zoo has the budget's {pre['n_models']} members and the power above.")
@@ -421,7 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--markdown-only", action="store_true", help="rewrite the .md from an existing .json report")
     args = ap.parse_args(argv)
+    if args.markdown_only:
+        out = Path(args.out)
+        out.with_suffix(".md").write_text(markdown(json.loads(out.read_text())))
+        return 0
     s = settings(MiniLMPilotSettings, "minilm_pilot", args.profile, args.set)
     if not (Path(s.zoo_dir) / "zoo.json").is_file():
         cmd = [sys.executable, "-m", "companion.experiments.minilm_zoo", "train", "--out", s.zoo_dir,
