@@ -129,7 +129,36 @@ def delta_table(s: MiniLMSettings, data_dir: str | Path) -> pd.DataFrame:
     from companion.experiments import paired as pr
 
     ps = paired_settings(s, data_dir)
-    return pr.delta_table(pr.load_row(STAGE, ps.rows[STAGE], ps), ps)
+    rd = pr.load_row(STAGE, ps.rows[STAGE], ps)
+    if all(rd.reliability[m] > 0 for m in [ps.baseline, *ps.geodesic]):
+        return pr.delta_table(rd, ps)
+    return delta_table_without_power(rd, ps)
+
+
+def delta_table_without_power(rd, ps) -> pd.DataFrame:
+    """The paired Δτ, its interval, the paper's Δ and the verdict as :func:`companion.experiments.paired.delta_table`
+    computes them, for a row where a measure's reliability is 0 (its retest shows no signal): the power's Monte Carlo
+    cannot disattenuate the correlation of the two measures then, so the power is NaN (said in ``power_note``)."""
+    from companion import analysis
+    from companion.experiments import paired as pr
+
+    gap, base = rd.members["gap"].to_numpy(), ps.baseline
+    rows = []
+    for g in ps.geodesic:
+        sign = pr.paper_sign(rd.row, g)
+        d = analysis.paired_delta_tau(rd.values[g], rd.values[base], gap, sign=sign, n_boot=ps.n_boot, seed=ps.seed,
+                                      confidence=ps.confidence)
+        pdelta = pr.paper_delta(rd.row, g, base)
+        flat = [m for m in (g, base) if rd.reliability[m] <= 0]
+        rows.append(dict(row=rd.name, table1_row=rd.row, stage=rd.stage, measure=g, baseline=base, sign=sign,
+                         delta=d.delta, ci_low=d.lo, ci_high=d.hi, n=d.n, n_boot=d.n_boot, tau_geodesic=d.tau_x,
+                         tau_baseline=d.tau_base, rho_geodesic=rd.rho[g], rho_baseline=rd.rho[base],
+                         tau_between=analysis.kendall(rd.values[g], rd.values[base], n_boot=0, seed=0).tau,
+                         reliability_geodesic=rd.reliability[g], reliability_baseline=rd.reliability[base],
+                         gap_reliability=rd.gap_reliability, paper_delta=pdelta, power=float("nan"),
+                         power_note=f"reliability 0 for {', '.join(flat)} (retest of the halves <= 0): no power",
+                         verdict=pr.verdict(d.lo, d.hi, pdelta)))
+    return pd.DataFrame(rows)
 
 
 def table1_entries(rep: MiniLMReport) -> list[dict]:
@@ -174,7 +203,9 @@ def findings(rep: MiniLMReport) -> str:
     for r in rep.delta.itertuples():
         lines.append(f"- **Δτ {r.measure.replace('_', ' ')} − adaptive** (primary, paired over {r.n} members, signed by "
                      f"the paper's τ): {r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]; paper {r.paper_delta:+.2f}; "
-                     f"power at the paper's Δ {r.power:.2f} — {r.verdict}.")
+                     + (f"power at the paper's Δ {r.power:.2f}" if r.power == r.power else
+                        f"power not computable ({getattr(r, 'power_note', 'a reliability is 0')})")
+                     + f" — {r.verdict}.")
     lines.append("  Two geodesic measures, two tests; no multiplicity correction.")
     lines.append(lr.findings(rep.primary, rep.subsets))
     return "\n".join(lines)
