@@ -333,7 +333,7 @@ def delta_section(metrics_dir: str | os.PathLike, entries: dict[str, list[dict[s
         out.append(f"| {row['setting']} | paper | {paper.TABLE1_N_MODELS[row['row']]} | "
                    + " | ".join(_fmt(paper_delta(deltas, row["row"], g)) for g in GEODESIC) + " |")
         for e, d in ours:
-            out.append(f"| {row['ours']} ({e.get('variant') or 'primary'}) | ours | {d['n_models']} | "
+            out.append(f"| {e.get('setting', row['ours'])} ({e.get('variant') or 'primary'}) | ours | {d['n_models']} | "
                        + " | ".join(_delta_cell(d, g) for g in GEODESIC) + " |")
     out += ["", "Findings of the stage paired (generated; the vision confound lines are exploratory, declared "
                 "before their values):", "", *delta_sentences(metrics_dir)]
