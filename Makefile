@@ -7,9 +7,10 @@ export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
-$(STAMP): requirements.txt pyproject.toml companion/pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml companion/pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q -r requirements.txt
+	$(VENV)/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(VENV)/bin/python -m pip install -q --no-deps -e . -e ./companion
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)

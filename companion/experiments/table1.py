@@ -13,7 +13,9 @@ entry or a list of entries of the form::
      "n_models": 50,
      "primary": true, "exploratory": false,  # optional: the row's primary comparison / exploratory
      "gap_reliability": g, "retest": {...}, "tau_ceiling": {...}, "power": {...},   # optional
-     "reliability": {...}}                 # optional: of the value τ uses, when it is not one retest measurement
+     "reliability": {...},                 # optional: of the value τ uses, when it is not one retest measurement
+     "setting": "..."}                     # optional: the line's own setting (default: the row's), e.g. the
+                                           # pre-trained model a zoo is fine-tuned from
 
 (the full layout: :mod:`companion.metrics`; the reliability keys from
 :func:`companion.metrics.reliability_fields`) and the pipeline adds the top-level ``"profile"``. This module reads all
@@ -186,7 +188,8 @@ def _record(row: dict[str, Any], source: str, e: dict[str, Any] | None, status: 
     e = e or {}
     tau = row["paper"] if source == "paper" else e.get("tau", {})
     ci = e.get("ci") or {}
-    return {"row": row["row"], "setting": row["setting"] if source == "paper" else row["ours"], "source": source,
+    return {"row": row["row"], "setting": row["setting"] if source == "paper" else e.get("setting", row["ours"]),
+            "source": source,
             "variant": e.get("variant", ""), "profile": e.get("profile", ""), "stage": e.get("stage", ""),
             "n_models": e.get("n_models", ""), "rho": _rho_str(e.get("rho")),
             "comparison": "" if source == "paper" or not e else _status(e),
@@ -278,7 +281,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             records.append(_record(row, "ours", None, NOT_COMPUTED, deltas=deltas))
             continue
         for e in ours:
-            label = row["ours"] + (f" ({e['variant']})" if e.get("variant") else "")
+            label = e.get("setting", row["ours"]) + (f" ({e['variant']})" if e.get("variant") else "")
             rel = e.get("gap_reliability")
             lines.append(f"| {label} | ours | {_status(e)} | {e['profile']} | {e.get('n_models', '')} | "
                          f"{_rho_str(e.get('rho'))} | {'–' if rel is None else f'{rel:.2f}'} | "
@@ -330,7 +333,7 @@ def delta_section(metrics_dir: str | os.PathLike, entries: dict[str, list[dict[s
         out.append(f"| {row['setting']} | paper | {paper.TABLE1_N_MODELS[row['row']]} | "
                    + " | ".join(_fmt(paper_delta(deltas, row["row"], g)) for g in GEODESIC) + " |")
         for e, d in ours:
-            out.append(f"| {row['ours']} ({e.get('variant') or 'primary'}) | ours | {d['n_models']} | "
+            out.append(f"| {e.get('setting', row['ours'])} ({e.get('variant') or 'primary'}) | ours | {d['n_models']} | "
                        + " | ".join(_delta_cell(d, g) for g in GEODESIC) + " |")
     out += ["", "Findings of the stage paired (generated; the vision confound lines are exploratory, declared "
                 "before their values):", "", *delta_sentences(metrics_dir)]
