@@ -397,8 +397,14 @@ def markdown(r: dict) -> str:
               "| members | power Δ invariant | power Δ mixed |", "|---|---|---|"]
     lines += [f"| {x['n']} | {x['power_geodesic_invariant']:.2f} | {x['power_geodesic_mixed']:.2f} |"
               for x in pre["power_grid"]]
-    lines += ["", "## Pre-registration (the rules applied)", "",
-              "rho: " + ", ".join(f"{k} {v:g}" for k, v in r["rho"].items()) + ".",
+    return "\n".join(lines + _preregistration_lines(r)) + "\n"
+
+
+def _preregistration_lines(r: dict) -> list[str]:
+    """The pilot report's last section: the rules applied to the pilot's numbers."""
+    s, pre = r["settings"], r["preregistration"]
+    lines = ["", "## Pre-registration (the rules applied)", "",
+             "rho: " + ", ".join(f"{k} {v:g}" for k, v in r["rho"].items()) + ".",
               f"Protocol: {pre['batches_per_half']} batches of {pre['batch_size']} per half ({pre['n_points']} training "
               f"pairs in all) × {pre['n_iters']} iterations; members: {pre['n_models']}; fit rule: every member trained "
               f"{r['finetune']['epochs']:g} epochs, all members in the primary τ (train error > "
@@ -416,7 +422,7 @@ def markdown(r: dict) -> str:
         lines.append(f"**The CPU budget binds**: no member count the budget allows reaches {s['target_power']:g} power; "
                      f"the zoo has the budget's {pre['n_models']} members and the power above.")
     lines.append(f"Estimated wall time of the main zoo on this machine: {pre['estimated_wall_seconds'] / 60:.0f} min.")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

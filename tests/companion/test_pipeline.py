@@ -173,7 +173,7 @@ def test_committed_headlines_match_committed_full_metrics():
     from companion.metrics import headline, read_metrics
 
     heads = sorted((ROOT / "reports" / "headline").glob("*.json"))
-    assert {p.stem for p in heads} == {"diagonal", "vision", "language"}
+    assert {p.stem for p in heads} == {"diagonal", "vision", "language", "minilm"}
     for p in heads:
         full = read_metrics(ROOT / "reports" / "metrics" / p.name)
         assert json.loads(p.read_text()) == json.loads(json.dumps(headline(full))), p.name
