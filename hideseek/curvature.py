@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from .geometry.adaptive import AdaptiveGeometry
 from .geometry.euclidean import EuclideanGeometry
-from .geometry.gl import PairGeometry, _t
+from .geometry.gl import PairGeometry
 from .geometry.metrics import get_metric
 from .geometry.space import ProductGeometry
 from .measures import Measure
@@ -154,7 +154,7 @@ class _PairOps:
 
 def _spd_power(M: Tensor, p: float) -> Tensor:
     w, U = torch.linalg.eigh(M.double())
-    return ((U * w.pow(p).unsqueeze(-2)) @ _t(U)).to(M.dtype)
+    return ((U * w.pow(p).unsqueeze(-2)) @ U.transpose(-1, -2)).to(M.dtype)
 
 
 def _twice_differentiable():
