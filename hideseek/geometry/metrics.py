@@ -234,7 +234,23 @@ class PairMetric:
         return None
 
 
-class InvariantMetric(PairMetric):
+class _GramAccelerationMetric(PairMetric):
+    """A metric whose Christoffel contraction is a closed form in the relaxed Gram inverses
+    ``S̃_G⁻¹, S̃_H⁻¹`` (``_accel``): the fixed point's precomputed ones, or a moving point's."""
+
+    @staticmethod
+    def _accel(G, H, SGi, SHi, xG, xH):
+        raise NotImplementedError
+
+    def acceleration(self, xG, xH):
+        return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
+
+    @classmethod
+    def acceleration_at(cls, G, H, xG, xH, eps=0.0, grams=None):
+        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps, grams), xG, xH)
+
+
+class InvariantMetric(_GramAccelerationMetric):
     """``g(ξ, η) = tr(S̃_G⁻¹ ξ_Gᵀ η_G) + tr(S̃_H⁻¹ ξ_Hᵀ η_H)`` (paper Eq. 9; docs/maths.md §2).
 
     Invariant under the whole of GL(h) and complete; at ε > 0 everything here (projection:
@@ -292,13 +308,6 @@ class InvariantMetric(PairMetric):
             return None
         return exact_geodesic_gl1(self.G, xG, t), exact_geodesic_gl1(self.H, xH, t)
 
-    def acceleration(self, xG, xH):
-        return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
-
-    @classmethod
-    def acceleration_at(cls, G, H, xG, xH, eps=0.0, grams=None):
-        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps, grams), xG, xH)
-
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
         # h×h pieces first: M = ξ_Gᵀ G (so Gᵀ ξ_G = Mᵀ), N = ξ_Hᵀ H   (docs/maths.md §4)
@@ -308,7 +317,7 @@ class InvariantMetric(PairMetric):
         return aG, aH
 
 
-class MixedMetric(PairMetric):
+class MixedMetric(_GramAccelerationMetric):
     """``g(ξ, η) = tr(S_H ξ_Gᵀ η_G) + tr(S_G ξ_Hᵀ η_H)`` (paper Eq. 10; docs/maths.md §2).
 
     Its metric tensor needs no inverse, so ε only regularises the inverses of the dual, the
@@ -346,13 +355,6 @@ class MixedMetric(PairMetric):
         if tuple(self.G.shape[-2:]) != (1, 1) or tuple(self.H.shape[-2:]) != (1, 1) or self.eps != 0.0:
             return None
         return exact_geodesic_gl1_mixed(self.G, self.H, xG, xH, t)
-
-    def acceleration(self, xG, xH):
-        return self._accel(self.G, self.H, self.SGi, self.SHi, xG, xH)
-
-    @classmethod
-    def acceleration_at(cls, G, H, xG, xH, eps=0.0, grams=None):
-        return cls._accel(G, H, *_relaxed_gram_inverses(G, H, eps, grams), xG, xH)
 
     @staticmethod
     def _accel(G, H, SGi, SHi, xG, xH):
