@@ -354,7 +354,8 @@ def analyse(s: RowSettings, out: Path) -> dict:
         t = analysis.kendall(value, gap, n_boot=m["n_boot"], seed=m["seed"])
         rows.append(dict(measure=k, rho=float(m["rho"][k]), tau=t.tau, ci_low=t.lo, ci_high=t.hi, pvalue=t.pvalue,
                          n=t.n, paper=ptau[k], retest=retest, reliability=reliability, gap_reliability=rel,
-                         ceiling=analysis.ceiling(reliability, rel) if math.isfinite(reliability) else math.nan))
+                         ceiling=(analysis.ceiling(reliability, rel) if math.isfinite(reliability) and math.isfinite(rel)
+                                  else math.nan)))
         if vision:
             sharp.loc[sharp["measure"] == k, "value"] = at.assign(v=first)["v"].to_numpy()
     primary = pd.DataFrame(rows)
