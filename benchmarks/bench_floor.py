@@ -102,6 +102,55 @@ def _reset_peak() -> int:
     return _status_kb("VmRSS")
 
 
+def _measure(m: str) -> tuple[str, dict]:
+    """``"adaptive"`` or ``"adaptive[low_memory=False]"``: the measure of
+    :data:`benchmarks.bench_sharpness.MEASURES` and the keywords given to ``hs.sharpness``
+    beside the defaults (``low_memory`` only: ``True``, ``False`` or ``None``)."""
+    if "[" not in m:
+        return m, {}
+    base, _, rest = m.partition("[")
+    key, _, val = rest.rstrip("]").partition("=")
+    values = {"True": True, "False": False, "None": None}
+    if key != "low_memory" or val not in values:
+        raise SystemExit(f"unknown measure variant {m!r}: write e.g. adaptive[low_memory=False]")
+    return base, {key: values[val]}
+
+
+class LowMemoryObserver:
+    """Whether ``low_memory`` switched on in a call: records the ``keep_best_grad`` that
+    hideseek's engine hands Auto-PGD (``apgd`` as bound in ``hideseek.problem``, or in
+    ``hideseek.sharpness`` for versions before the problem object), without changing it."""
+
+    def __init__(self, hs) -> None:
+        here = Path(hs.__file__).resolve().parent       # modules of the version measured only
+        for name in ("hideseek.problem", "hideseek.sharpness"):
+            mod = sys.modules.get(name)
+            if mod is not None and callable(getattr(mod, "apgd", None)) and \
+                    Path(mod.__file__).resolve().is_relative_to(here):
+                self.module = mod
+                break
+        else:
+            raise SystemExit(f"no apgd bound in hideseek.problem or hideseek.sharpness of {hs.__file__}")
+        self.kept: list[bool] = []
+
+    def __enter__(self):
+        inner = self.inner = self.module.apgd
+
+        def apgd(*args, **kwargs):
+            self.kept.append(kwargs.get("keep_best_grad", True))
+            return inner(*args, **kwargs)
+        self.module.apgd = apgd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module.apgd = self.inner
+
+    @property
+    def low_memory(self) -> bool | None:
+        """``True`` where some search ran without the gradient at its best point."""
+        return None if not self.kept else not all(self.kept)
+
+
 def run(name: str, measures, repeats: int, n_iters: int, rho: float, hs) -> dict:
     import warnings
 
@@ -122,11 +171,14 @@ def run(name: str, measures, repeats: int, n_iters: int, rho: float, hs) -> dict
                 n = floor_run(model, batches, n_iters)
                 value = None
             else:
-                with warnings.catch_warnings():
+                spec, kwargs = _measure(m)
+                with warnings.catch_warnings(), LowMemoryObserver(hs) as seen:
                     warnings.simplefilter("ignore")
-                    res = hs.sharpness(model, batches, SPECS[m], rho=rho, n_iters=n_iters, progress=False)
+                    res = hs.sharpness(model, batches, SPECS[spec], rho=rho, n_iters=n_iters, progress=False,
+                                       **kwargs)
                 n = sum(r.n_evals for r in res.solver) + 1
                 value = res.value
+                out[m]["low_memory"] = seen.low_memory
             dt = time.perf_counter() - t0
             times[m].append(dt)
             out[m].update(passes=n, value=value, peak_mib=round((_status_kb("VmHWM") - base) / 1024, 1))
