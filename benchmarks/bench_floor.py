@@ -151,7 +151,10 @@ class LowMemoryObserver:
         return None if not self.kept else not all(self.kept)
 
 
-def run(name: str, measures, repeats: int, n_iters: int, rho: float, hs) -> dict:
+def run(name: str, measures, repeats: int, n_iters: int, rho: float, hs, on_round=None) -> dict:
+    """``repeats`` interleaved rounds of ``measures`` on model ``name``; ``on_round(summary)``
+    after each round with the summary of the rounds so far (to write them as they come: a long
+    run on a busy machine keeps what it measured)."""
     import warnings
 
     import torch
@@ -182,15 +185,22 @@ def run(name: str, measures, repeats: int, n_iters: int, rho: float, hs) -> dict
             dt = time.perf_counter() - t0
             times[m].append(dt)
             out[m].update(passes=n, value=value, peak_mib=round((_status_kb("VmHWM") - base) / 1024, 1))
-    for m in measures:
-        out[m]["seconds"] = times[m]
-        out[m]["median_s"] = statistics.median(times[m])
-    floor = out.get("floor", {}).get("median_s")
-    for m in measures:
-        out[m]["x_floor"] = round(out[m]["median_s"] / floor, 3) if floor else None
+        if on_round is not None and len(times[measures[0]]) < repeats:
+            on_round(_summary(name, out, times, n_iters, rho, n_params))
+    return _summary(name, out, times, n_iters, rho, n_params)
+
+
+def _summary(name: str, out: dict, times: dict, n_iters: int, rho: float, n_params: int) -> dict:
+    """One model's result over the rounds timed so far: medians and ratios to the floor's."""
+    import torch
+
+    res = {m: dict(v, seconds=list(times[m]), median_s=statistics.median(times[m])) for m, v in out.items()}
+    floor = res.get("floor", {}).get("median_s")
+    for v in res.values():
+        v["x_floor"] = round(v["median_s"] / floor, 3) if floor else None
     batch, seq = SHAPES[name]
     return dict(model=name, batch=batch, seq_len=seq, n_params=n_params, n_iters=n_iters, rho=rho,
-                repeats=repeats, measures=out, threads=torch.get_num_threads())
+                repeats=len(next(iter(times.values()))), measures=res, threads=torch.get_num_threads())
 
 
 def attribute(name: str, measures, n_iters: int, rho: float, hs) -> dict:
@@ -258,9 +268,10 @@ def report(paths: list[str]) -> str:
         d = json.loads(Path(p).read_text())
         m = d["machine"]
         r0 = d["runs"][0]
+        cut = "" if d.get("complete", True) else " (the run was stopped after these)"
         notes.append(f"`benchmarks/results/{Path(p).name}`: hideseek {d['commit']}, {m['threads']} thread(s), "
                      f"load average {m['load_avg_start'][0]:.2f} at the start and {m['load_avg_end'][0]:.2f} at the "
-                     f"end ({machine_state(m)}), {r0['repeats']} interleaved round(s) of {r0['n_iters']} "
+                     f"end ({machine_state(m)}), {r0['repeats']} interleaved round(s){cut} of {r0['n_iters']} "
                      f"iterations, ρ = {r0['rho']:g}, {m['date']}.")
         for r in d["runs"]:
             copy_mib = r["n_params"] * 4 / 2**20
@@ -413,14 +424,21 @@ def main(argv=None) -> int:
             Path(args.json).write_text(text + "\n")
         print(text)
         return 0
-    runs = [run(name, args.measures.split(","), args.repeats, args.n_iters, args.rho, hs)
-            for name in args.models.split(",")]
-    machine["load_avg_end"] = os.getloadavg()
     label = args.label or ("after" if root.resolve() == ROOT.resolve() else "before")
-    out = dict(label=label, commit=commit, machine=machine, runs=runs)
-    text = json.dumps(out, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    runs: list[dict] = []
+
+    def write(partial: dict | None = None) -> str:
+        machine["load_avg_end"] = os.getloadavg()
+        out = dict(label=label, commit=commit, machine=machine, runs=runs + ([partial] if partial else []),
+                   complete=partial is None)
+        text = json.dumps(out, indent=2)
+        if args.json:
+            Path(args.json).write_text(text + "\n")
+        return text
+
+    for name in args.models.split(","):
+        runs.append(run(name, args.measures.split(","), args.repeats, args.n_iters, args.rho, hs, on_round=write))
+    write()
     for r in runs:
         for m, v in r["measures"].items():
             print(f"{r['model']} {m}: {v['median_s']:.2f} s, x{v['x_floor']}, {v['passes']} passes, value {v['value']}")
