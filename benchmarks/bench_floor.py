@@ -302,6 +302,24 @@ MODEL_NOTES = {
                  "*passes* column)"}
 
 
+def attribution_table(path: Path) -> str:
+    """A profiled run's seconds by component per measure (``--attribute``), as a markdown table."""
+    d = json.loads(Path(path).read_text())
+    out = []
+    for a in d["attribution"]:
+        rows = a["seconds_by_component"]
+        comps = [c for c in next(iter(rows.values())) if c != "total_s"]
+        out += [f"Profiled run, {a['model']}, {a['n_iters']} iterations, hideseek {d['commit']}, load average "
+                f"{d['machine']['load_avg_start'][0]:.2f} at the start (`benchmarks/results/{Path(path).name}`), "
+                "seconds (the floor has no search loop, so its passes fall under *set-up*; time outside the "
+                "labelled regions is in the total only):", "",
+                "| measure | total | " + " | ".join(comps) + " |", "|---|---:|" + "---:|" * len(comps)]
+        out += [f"| {m} | {v['total_s']:.1f} | " + " | ".join(f"{v.get(c, 0.0):.1f}" for c in comps) + " |"
+                for m, v in rows.items()]
+        out.append("")
+    return "\n".join(out)
+
+
 def _reported() -> list[Path]:
     results = ROOT / "benchmarks" / "results"
     return [results / f for f in REPORTED if (results / f).is_file()]
@@ -328,12 +346,13 @@ def readme_sentence(paths: list[Path]) -> str:
                 f"`benchmarks/results/{Path(d['path']).name}`): {after} the floor")
         if "before" in by:
             b = by["before"][1]["measures"]
-            text += " (before the row restriction: " + ", ".join(f"{m} {b[m]['x_floor']:.2f}×" for m in ms if m in b) + ")"
+            text += (f" (before, at {by['before'][0]['commit']}: "
+                     + ", ".join(f"{m} {b[m]['x_floor']:.2f}×" for m in ms if m in b) + ")")
         copy_mib = r["n_params"] * 4 / 2**20
         peaks = [r["measures"][m]["peak_mib"] / copy_mib for m in ms]
         span = f"{min(peaks):.2f}" if f"{min(peaks):.2f}" == f"{max(peaks):.2f}" else \
             f"{min(peaks):.2f}–{max(peaks):.2f}"
-        text += f", peak extra memory {span} copies of N"
+        text += f", peak extra resident memory in the timing process {span} copies of N"
         parts.append(text)
     return "; ".join(parts) + "."
 
@@ -359,11 +378,15 @@ def write_report(report_path: Path = ROOT / "reports" / "benchmarks.md", readme:
         "`low_memory=None` counts the elements the search holds; *low_memory*: whether it switched on in the "
         "call (the extra passes it takes at Auto-PGD's checkpoints are in *passes*; a `[low_memory=False]` line "
         "is the same measure with it off). Memory: peak resident set size during the call minus the resident "
-        "set size before it, and that in copies of the model's parameters (float32). One profiled run per "
+        "set size before it, and that in copies of the model's parameters (float32); in a process that has "
+        "already run other calls, whose freed heap a call may reuse, so a rough figure: the memory tables above "
+        "(`benchmarks.bench_memory`, a fresh process per measure) are the reference for memory. One profiled run per "
         "measure, time by component (forward, backward, step, geometry, set-up; the profiler slows every "
-        "part): `benchmarks/results/floor_minilm_attribution.json` (`--attribute`).", "",
+        "part; `--attribute`): the last table(s), from `benchmarks/results/floor_*_attribution.json`.", "",
         *[f"- {m}: {MODEL_NOTES[m]}." for m in models if m in MODEL_NOTES], "",
-        report([str(p) for p in paths]).rstrip("\n"), "", END])
+        report([str(p) for p in paths]).rstrip("\n"), "",
+        *[attribution_table(a) + "\n" for a in sorted((ROOT / "benchmarks" / "results").glob("floor_*_attribution.json"))],
+        END])
     _replace(report_path, BEGIN, END, body)
     if readme is not None:
         _replace(readme, README_BEGIN, README_END, "\n".join([README_BEGIN, readme_sentence(paths), README_END]),

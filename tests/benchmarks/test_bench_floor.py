@@ -57,5 +57,5 @@ def test_low_memory_column_and_readme_sentence(tmp_path, monkeypatch):
     text = readme.read_text()
     assert "old" not in text and text.endswith(f"  {bench_floor.README_END}\n  more.\n")
     assert ("  minilm (1.0 M parameters, 8 × 64 tokens, 20 iterations, at best 1.07×; "
-            "`benchmarks/results/floor_minilm_after.json`): adaptive 1.25× the floor (before the row restriction: "
-            "adaptive 3.00×), peak extra memory 2.10 copies of N.") in text
+            "`benchmarks/results/floor_minilm_after.json`): adaptive 1.25× the floor (before, at abc: "
+            "adaptive 3.00×), peak extra resident memory in the timing process 2.10 copies of N.") in text
