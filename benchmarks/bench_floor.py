@@ -272,7 +272,8 @@ def report(paths: list[str]) -> str:
         notes.append(f"`benchmarks/results/{Path(p).name}`: hideseek {d['commit']}, {m['threads']} thread(s), "
                      f"load average {m['load_avg_start'][0]:.2f} at the start and {m['load_avg_end'][0]:.2f} at the "
                      f"end ({machine_state(m)}), {r0['repeats']} interleaved round(s){cut} of {r0['n_iters']} "
-                     f"iterations, ρ = {r0['rho']:g}, {m['date']}.")
+                     f"iterations, ρ = {r0['rho']:g}, {m['date']}; the floor's rounds took "
+                     f"{min(r0['measures']['floor']['seconds']):.1f}–{max(r0['measures']['floor']['seconds']):.1f} s.")
         for r in d["runs"]:
             copy_mib = r["n_params"] * 4 / 2**20
             for meas, v in r["measures"].items():

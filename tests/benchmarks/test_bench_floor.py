@@ -8,7 +8,8 @@ from benchmarks import bench_floor
 
 def _result(path, label, x):
     runs = [dict(model="minilm", batch=8, seq_len=64, n_params=1_000_000, n_iters=20, rho=0.1, repeats=3, threads=1,
-                 measures={"floor": dict(passes=20, value=None, peak_mib=4.0, median_s=2.0, x_floor=1.0),
+                 measures={"floor": dict(passes=20, value=None, peak_mib=4.0, median_s=2.0, x_floor=1.0,
+                                          seconds=[2.0, 1.5, 2.5]),
                            "adaptive": dict(passes=21, value=0.5, peak_mib=8.0, median_s=2.0 * x, x_floor=x)})]
     machine = dict(threads=1, load_avg_start=[0.5, 0, 0], load_avg_end=[1.5, 0, 0], date="today")
     path.write_text(json.dumps(dict(label=label, commit="abc", machine=machine, runs=runs)))
