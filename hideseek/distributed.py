@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -471,34 +471,70 @@ def run_ranks(problem) -> Any:
         return problem.result(records, solver, seconds=time.perf_counter() - t_start, parallel="sharded",
                               world_size=comm.world, combined=True, batches_per_rank=counts,
                               collectives=dict(problem.shards.comm.counts))
-    comm = Collectives()
-    counts = comm.all_gather_object(len(problem.data))
-    _check_same_weights(problem.model, comm)
-    offset = sum(counts[:comm.rank])
-    records, solver, error = [], [], None
-    try:
+    solver = []
+
+    def local(offset: int) -> list[list]:
         problem.set_up()
+        records = []
         for i, (x, y) in enumerate(with_progress(problem.data, problem.measure.name,
-                                                 problem.settings.progress and comm.rank == 0)):
+                                                 problem.settings.progress and dist_rank() == 0)):
             res, starts = problem.measure_batch(i, x, y, index=offset + i)
             check_batch_losses(offset + i, res.f0, res.value, y)
             records.append(problem.record(res, starts))
             solver.append(res)
+        return [records]
+
+    (flat,), seconds, fields = run_data_parallel([problem], local)
+    return problem.result(flat, solver, seconds=seconds, **fields)
+
+
+def dist_rank() -> int:
+    """This process's rank in the default group (0 when torch.distributed is not initialised)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def run_data_parallel(problems: Sequence, measure_local: Callable[[int], list[list]]
+                      ) -> tuple[list[list], float, dict[str, Any]]:
+    """The data-parallel run (module docstring) of ``problems`` — models whose weights must
+    agree across the ranks, each measured on this rank's batches: ``hs.sharpness``'s one
+    problem, or every member of ``hs.sharpness_zoo``.  ``measure_local(offset)`` measures
+    this rank's batches, its batch ``i`` seeded as batch ``offset + i`` of the whole (the seed
+    rule), and returns a list of slots (one per result to assemble), each the
+    :class:`~hideseek.problem.BatchRecord` of every local batch in order.  Collectives: the
+    batch counts and the weights' check (``all_gather_object``), then every rank's records
+    in one ``all_gather_object`` (an error on one rank raised on every rank).  Returns each
+    slot's records over every rank's batches in rank order, the slowest rank's seconds and
+    the result's fields (``parallel``, ``world_size``, ``combined``, ``batches_per_rank``,
+    ``collectives``)."""
+    t_start = time.perf_counter()
+    comm = Collectives()
+    counts = comm.all_gather_object(len(problems[0].data))
+    for problem in problems:
+        _check_same_weights(problem.model, comm)
+    offset = sum(counts[:comm.rank])
+    slots, error = [], None
+    try:
+        slots = measure_local(offset)
     except (SharpnessInputError, ValueError, RuntimeError) as err:
         error = " ".join(str(err).split())
         if comm.world == 1:
             raise
-    every = _gather_or_raise(comm, (records, list(problem.perturbed), time.perf_counter() - t_start), error)
+    every = _gather_or_raise(comm, (slots, [list(p.perturbed) for p in problems],
+                                    time.perf_counter() - t_start), error)
     names = every[0][1]
     for r, (_, theirs, _) in enumerate(every):
-        if theirs != names:
-            raise SharpnessInputError(
-                f"rank {r} perturbs other parameters than rank 0 ({len(theirs)} vs {len(names)}): a parameter "
-                "got no gradient on one rank's first batch; give every rank batches that use the same parameters")
-    flat = [rec for recs, _, _ in every for rec in recs]
-    return problem.result(flat, solver, seconds=max(s for _, _, s in every), parallel="data",
-                          world_size=comm.world, combined=True, batches_per_rank=counts,
-                          collectives=dict(comm.counts))
+        for mine, other in zip(names, theirs):
+            if other != mine:
+                raise SharpnessInputError(
+                    f"rank {r} perturbs other parameters than rank 0 ({len(other)} vs {len(mine)}): a parameter "
+                    "got no gradient on one rank's first batch; give every rank batches that use the same "
+                    "parameters")
+    combined = [[rec for recs, _, _ in every for rec in recs[k]] for k in range(len(every[0][0]))]
+    fields = dict(parallel="data", world_size=comm.world, combined=True, batches_per_rank=counts,
+                  collectives=dict(comm.counts))
+    return combined, max(sec for _, _, sec in every), fields
 
 
 def _gather_batches(problem, comm: Collectives) -> list[list]:

@@ -23,9 +23,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
+from .distributed import dist_rank, run_data_parallel
 from .inputs import SharpnessInputError, check_batch_losses, unwrap_model
 from .measures import Measure
-from .problem import SharpnessProblem, SharpnessResult, resolve, with_progress
+from .problem import BatchRecord, SharpnessProblem, SharpnessResult, resolve, with_progress
 from .solvers.apgd import SolverResult, apgd_search
 from .utils import release_freed_memory
 
@@ -45,12 +46,6 @@ def _check_zoo(models: Sequence[nn.Module]) -> list[nn.Module]:
                 "class or its parameters' names, shapes or dtypes: sharpness_zoo needs one architecture; "
                 "measure different architectures with separate hs.sharpness calls")
     return models
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _rhos(rho) -> tuple[list[float], bool]:
@@ -135,9 +130,17 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     same :func:`hideseek.problem.resolve`, so an unknown one is refused in one line.  The zoo
     runs the worst case from ξ = 0 without a per-iteration observer: ``kind="average"``,
     ``n_samples``, ``random_start=True`` and ``callback`` are refused, saying so.
-    ``progress`` shows a bar over each chunk's batches.  In a ``torch.distributed`` process
-    group the zoo is refused unless ``distributed=False`` (each rank then measures its own
-    batches, not combined): combine ranks with :func:`hideseek.sharpness` per model.
+    ``progress`` shows a bar over each chunk's batches.
+
+    In a ``torch.distributed`` process group of two or more ranks (``distributed="auto"``),
+    as :func:`hideseek.sharpness` does (:func:`hideseek.distributed.run_data_parallel`, the
+    same code): ``DistributedDataParallel``-wrapped or unwrapped members, their weights the
+    same on every rank (checked), each rank passing its own batches — every rank returns,
+    per member and radius, the result over all ranks' batches, rank 0's first, equal to one
+    process measuring them all (``parallel="data"``, ``combined``, ``world_size``,
+    ``batches_per_rank``); every rank must make the call.  FSDP2 (``fully_shard``) members
+    are refused (their stacked pass needs whole weights): call :func:`hideseek.sharpness`
+    per model.  ``distributed=False``: this rank's batches alone, not combined.
 
     Models whose forward ``torch.func.vmap`` cannot run (data-dependent control flow, in-place
     updates of buffers, ...) are refused with the reason.
@@ -162,17 +165,42 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     models = _check_zoo([unwrap_model(m) for m in models])
     members = [SharpnessProblem(models[0], batches, measure, settings=settings)]
     members += [SharpnessProblem(m, members[0].data, measure, settings=settings) for m in models[1:]]
-    if members[0].parallel != "none":
-        raise ValueError(f"sharpness_zoo runs on one process, but this is rank {_rank()} of a process group "
-                         f"({members[0].parallel} parallel): pass distributed=False to measure this rank's "
-                         "batches alone (not combined), or call hs.sharpness per model to combine the ranks")
+    if any(m.parallel == "sharded" for m in members):
+        raise ValueError(f"sharpness_zoo cannot measure FSDP2 (fully_shard) models (rank {dist_rank()}): its "
+                         "batched pass stacks the members' whole weights, which no rank holds; call "
+                         "hs.sharpness per model on every rank, which measures FSDP2 shards")
+    show = settings.progress and dist_rank() == 0
+    chunks: list = []       # per chunk: ([member][radius] (records, solver)), seconds per member)
+
+    def local(offset: int) -> list[list[BatchRecord]]:
+        for c0 in range(0, len(members), chunk):
+            chunks.append(_chunk(members[c0:c0 + chunk], rhos, offset, show))
+        return [recs for part, _ in chunks for per_member in part for recs, _ in per_member]
+
+    if members[0].parallel == "data":     # every rank's batches, combined (hideseek.distributed)
+        slots, seconds, fields = run_data_parallel(members, local)
+        seconds /= len(members)
+    else:
+        slots, fields = local(0), {}
+        seconds = None
     out: list = []
-    for c0 in range(0, len(members), chunk):
-        out += _chunk(members[c0:c0 + chunk], rhos)
+    k = 0
+    for c, (part, sec) in enumerate(chunks):
+        for m, per_member in enumerate(part):
+            member = members[c * chunk + m]
+            out.append([])
+            for r, (_, solver) in enumerate(per_member):
+                out[-1].append(member.result(slots[k], solver, rho=rhos[r], seconds=sec if seconds is None
+                                             else seconds, **fields))
+                k += 1
     return out if many else [r[0] for r in out]
 
 
-def _chunk(members: list[SharpnessProblem], rhos: list[float]) -> list[list[SharpnessResult]]:
+def _chunk(members: list[SharpnessProblem], rhos: list[float], offset: int = 0, progress: bool = True
+           ) -> tuple[list[list[tuple[list[BatchRecord], list[SolverResult]]]], float]:
+    """The chunk's searches on this process's batches, batch ``i`` seeded as ``offset + i``:
+    per member and radius, every batch's record and its best solver result, and the seconds
+    per member."""
     t0 = time.perf_counter()
     for member in members:
         member.set_up()
@@ -184,14 +212,14 @@ def _chunk(members: list[SharpnessProblem], rhos: list[float]) -> list[list[Shar
                                                        for r in range(len(rhos))}
     values: dict[tuple[int, int], list[list[float]]] = {k: [] for k in best}
     data = members[0].data
-    for i, (x, y) in enumerate(with_progress(data, f"zoo {members[0].measure.name}", settings.progress)):
+    for i, (x, y) in enumerate(with_progress(data, f"zoo {members[0].measure.name}", progress)):
         x, y = members[0].batch(i)
         # batch 0: the set-up pass is every radius's start at zero (shared, so not overwritten)
         first = [member.take_start() if i == 0 else None for member in members]
         searches = []
         for m, r, j in keys:
             member = members[m]
-            gen = member.generator(i)
+            gen = member.generator(offset + i)
             x0 = None
             for _ in range(j):    # start j is the j-th draw of the batch's generator
                 x0 = member.random_point(rhos[r], gen)
@@ -213,11 +241,10 @@ def _chunk(members: list[SharpnessProblem], rhos: list[float]) -> list[list[Shar
                     best[m, r][-1] = res
             values[m, r][-1].append(res.value)
         for res in (best[k][-1] for k in best):
-            check_batch_losses(i, res.f0, res.value, data[i][1])
+            check_batch_losses(offset + i, res.f0, res.value, data[i][1])
     seconds = (time.perf_counter() - t0) / len(members)
-    return [[member.result([member.record(res, v) for res, v in zip(best[m, r], values[m, r])], best[m, r],
-                           rho=rhos[r], seconds=seconds) for r in range(len(rhos))]
-            for m, member in enumerate(members)]
+    return [[([member.record(res, v) for res, v in zip(best[m, r], values[m, r])], best[m, r])
+             for r in range(len(rhos))] for m, member in enumerate(members)], seconds
 
 
 def _run_lockstep(searches: list, batch: _Lockstep, x, y) -> list[SolverResult]:

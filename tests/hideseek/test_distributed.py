@@ -22,6 +22,7 @@ from tests.models import bert_batch, tiny_bert
 TIMEOUT = 600
 MEASURES = [dict(measure="adaptive"), dict(metric="invariant"), dict(metric="mixed")]
 KW = dict(rho=0.05, n_iters=3, seed=3, progress=False)
+ZOO_RHOS = [0.05, 0.1]
 
 
 def _batches():
@@ -75,11 +76,6 @@ def _ddp_worker(rank, world):
     plain = tiny_bert(seed=1)          # unwrapped, the same weights on both ranks: combined too
     out["unwrapped"] = _plain(hs.sharpness(plain, _share(rank), **KW, measure="adaptive"))
     out["alone"] = _plain(hs.sharpness(plain, _share(rank), **KW, measure="adaptive", distributed=False))
-    try:                               # the zoo does not combine ranks: refused, unless asked not to
-        hs.sharpness_zoo([plain], _share(rank), **KW, measure="adaptive")
-        out["zoo"] = "no error"
-    except ValueError as err:
-        out["zoo"] = str(err)
     out["zoo_alone"] = hs.sharpness_zoo([plain], _share(rank), **KW, measure="adaptive",
                                         distributed=False)[0].per_batch
     try:                               # different weights per rank: refused, on every rank
@@ -111,8 +107,52 @@ def test_ddp_equals_one_process_over_every_rank_batches():
         assert out["alone"]["per_batch"] == pytest.approx(refs[0].per_batch[:1] if r == 0 else refs[0].per_batch[1:],
                                                           rel=1e-10)
         assert "rank 1 holds other weights than rank 0" in out["differ"] and "\n" not in out["differ"]
-        assert "distributed=False" in out["zoo"]
         assert out["zoo_alone"] == pytest.approx(out["alone"]["per_batch"], rel=1e-10)
+
+
+def _zoo_reference(measures):
+    """One process, every batch: the zoo of the two members and, as an independent reference
+    for the first member, ``hs.sharpness`` per radius."""
+    zoo_kw = {k: v for k, v in KW.items() if k != "rho"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        zoo = [hs.sharpness_zoo([tiny_bert(seed=1), tiny_bert(seed=2)], _batches(), rho=ZOO_RHOS, restarts=2,
+                                **zoo_kw, **kw) for kw in measures]
+        single = [[hs.sharpness(tiny_bert(seed=1), _batches(), rho=rho, restarts=2, **zoo_kw, **kw)
+                   for rho in ZOO_RHOS] for kw in measures]
+    return zoo, single
+
+
+def _zoo_worker(rank, world):
+    """The zoo combines the ranks as hs.sharpness does: a DDP-wrapped and an unwrapped member,
+    two radii, two starts (the restart's draw seeded by the batch's place among all batches)."""
+    warnings.simplefilter("ignore")
+    ddp = torch.nn.parallel.DistributedDataParallel(tiny_bert(seed=1))
+    zoo_kw = {k: v for k, v in KW.items() if k != "rho"}
+    return [[[_plain(r) for r in per] for per in hs.sharpness_zoo([ddp, tiny_bert(seed=2)], _share(rank),
+                                                                   rho=ZOO_RHOS, restarts=2, **zoo_kw, **kw)]
+            for kw in MEASURES]
+
+
+def test_zoo_under_ddp_equals_one_process_over_every_rank_batches():
+    """``hs.sharpness_zoo`` in a process group: every rank returns, per member and radius, the
+    result over both ranks' batches — the same as one process running the zoo (and
+    ``hs.sharpness``) over all four batches, restart values included."""
+    ranks = spawn(_zoo_worker, 2, timeout=TIMEOUT)
+    zoo, single = _zoo_reference(MEASURES)
+    for out in ranks:
+        assert len(out) == len(MEASURES)
+        for got_m, ref_m, one in zip(out, zoo, single):
+            assert len(got_m) == len(ref_m) == 2 and all(len(g) == len(ZOO_RHOS) for g in got_m)
+            for got_member, ref_member in zip(got_m, ref_m):
+                for got, ref in zip(got_member, ref_member):
+                    _close(got, ref, 1e-10)
+                    assert (got["parallel"], got["world_size"], got["combined"]) == ("data", 2, True)
+                    assert got["batches_per_rank"] == [1, 3]
+                    assert [v for s in got["restart_values"] for v in s] == pytest.approx(
+                        [v for s in ref.restart_values for v in s], rel=1e-10)
+            for got, ref in zip(got_m[0], one):
+                _close(got, ref, 1e-10)
 
 
 # ---------------------------------------------------------------------------- FSDP2
@@ -133,6 +173,11 @@ def _fsdp_worker(rank, world):
         out["alone"] = "no error"
     except hs.SharpnessInputError as err:
         out["alone"] = str(err)
+    try:                               # the zoo's stacked pass needs whole weights: refused
+        hs.sharpness_zoo([model], _share(rank), **KW, measure="adaptive")
+        out["zoo"] = "no error"
+    except ValueError as err:
+        out["zoo"] = str(err)
     return out
 
 
@@ -161,6 +206,8 @@ def test_fsdp2_equals_one_process_over_every_rank_batches():
         assert all(torch.equal(out["theta"][n], p.detach()) for n, p in theta.items())
         assert all(out["grads"])
         assert "FSDP2 shards" in out["alone"]
+        assert "cannot measure FSDP2" in out["zoo"] and "hs.sharpness per model" in out["zoo"]
+        assert "\n" not in out["zoo"]
 
 
 # ---------------------------------------------------------------------------- SAM
