@@ -168,6 +168,7 @@ def _tree_bytes(d):
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("finalized", [True, False])
 def test_a_resumed_zoo_is_byte_identical_to_an_uninterrupted_one(zoo, tmp_path, finalized):
     """Members 2-3 interrupted (member 3 left half-written: weights without a record); ``resume`` in 2 worker
@@ -203,6 +204,7 @@ def test_a_resumed_zoo_is_byte_identical_to_an_uninterrupted_one(zoo, tmp_path, 
     assert t["kept"] == 2 and not mz.features_file(part).exists()
 
 
+@pytest.mark.slow
 def test_resume_writes_the_same_zoo_json_bytes_as_train(zoo, standin, tmp_path):
     """Same settings (serial): zoo.json itself is byte-identical, and resuming a complete zoo trains nothing."""
     import shutil
