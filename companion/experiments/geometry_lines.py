@@ -52,6 +52,7 @@ STAGE = "geometry_lines"
 METRIC_COLUMN = {"invariant": "geodesic_invariant", "mixed": "geodesic_mixed"}
 #: the Hessian operators of a member: Riemannian (metric name) and the Euclidean one
 HESSIANS = ("invariant", "mixed", "euclidean")
+FAMILIES = ("exact", "hessian")
 #: the text of the library's refusal of an incomplete geodesic (hideseek.geometry.geodesic.RankLossMonitor)
 REFUSAL = "reach a rank-deficient pair"
 #: metrics with incomplete geodesics; on them a Gram matrix that is exactly singular at an RK4 point, which
@@ -77,13 +78,16 @@ class RowSpec:
     exact_batches: list[int] | None    # indices into the primary's (first-set) batches; None: all
     hessian_batches: list[int] | None
     hessian_probes: int | None
-    reason: str
+    families: list[str]                # the line families computed ("exact", "hessian")
+    reason: str                        # why a family (or the row) is not computed
 
 
 @dataclass(frozen=True)
 class DiagonalSpec:
     stage: str
     hessian: str                       # trace method ("exact")
+    compute: bool                      # False: the line says ``reason``
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,10 @@ def load_settings(params: Mapping[str, Any]) -> Settings:
         if r.zoo is not None and (r.hessian_probes is None or r.hessian_probes < 2):
             raise ValueError(f"geometry_lines.rows.{name}.hessian_probes must be an integer >= 2 (Hutchinson's "
                              f"standard error needs two probes), got {r.hessian_probes!r}")
-        if r.zoo is None and not r.reason:
-            raise ValueError(f"geometry_lines.rows.{name}: zoo is null, so `reason` must say why it is not computed")
+        if (r.zoo is None or set(FAMILIES) - set(r.families)) and not r.reason:
+            raise ValueError(f"geometry_lines.rows.{name}: a line family is not computed, so `reason` must say why")
+        if set(r.families) - set(FAMILIES):
+            raise ValueError(f"geometry_lines.rows.{name}.families: {r.families}; choose from {FAMILIES}")
     return s
 
 
@@ -285,7 +291,7 @@ def measure_member(name: str, model, *, exact_batches: Sequence, hessian_batches
         out[f"exact_{metric}"] = rec
     out["exact_seconds"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for kind in HESSIANS:
+    for kind in (HESSIANS if hessian_batches else ()):
         est, se = [], []
         for b, batch in hessian_batches:
             op = hessian_operator(kind, model, [batch], hessian.keep_graph)
@@ -470,10 +476,10 @@ def measure_row(name: str, spec: RowSpec, s: Settings, *, metrics_dir="reports/m
                          f"the {spec.stage} stage published (missing {missing[:3]}); re-run that stage first")
     batches = src.sharpness_batches(prot.n_points, prot.batch_size, prot.data_seed)
     exact = _pick(batches, spec.exact_batches, "exact_batches")
-    hess = _pick(batches, spec.hessian_batches, "hessian_batches")
+    hess = _pick(batches, spec.hessian_batches, "hessian_batches") if "hessian" in spec.families else []
     task = dict(exact_batches=[b for _, b in exact], hessian_batches=hess, metrics=list(s.metrics),
                 rho={m: prot.rho[METRIC_COLUMN[m]] for m in s.metrics}, n_iters=prot.n_iters, seed=prot.seed,
-                eps=prot.eps, hessian=s.hessian, probes=int(spec.hessian_probes))
+                eps=prot.eps, hessian=s.hessian, probes=int(spec.hessian_probes or 0))
     raw = measure_members(src.loaders(names), task, workers=s.workers, threads=s.threads, progress=progress)
     sub = pub.members.loc[names]
     pos = [list(pub.members.index).index(n) for n in names]
@@ -493,7 +499,8 @@ def analyse_row(name: str, spec: RowSpec, prot: Protocol, members: pd.DataFrame,
     tab["adaptive_same_batches"] = base_pb.mean(1)
     tab["adaptive_primary"] = per_batch[s.baseline].mean(1)
     rows, ratio_rows = _exact_lines(name, spec, prot, tab, per_batch, base_pb, gap_reliability, exact_idx, raw, s)
-    rows += _hessian_lines(name, spec, tab, base_pb, gap_reliability, raw, s)
+    if "hessian" in spec.families:
+        rows += _hessian_lines(name, spec, tab, base_pb, gap_reliability, raw, s)
     return RowResult(name, spec, prot, tab, pd.DataFrame(rows), pd.DataFrame(ratio_rows), raw)
 
 
@@ -656,7 +663,7 @@ def diagonal_row(spec: DiagonalSpec, s: Settings, *, metrics_dir="reports/metric
                          measure=k if k == "euclidean" else METRIC_COLUMN[k], metric=k, batches=1, probes=None,
                          method=spec.hessian, **st))
     prot = Protocol({"adaptive": ds.rho}, ds.n_iters, ds.seed, 0.0, ds.n, ds.n, 0, "")
-    spec_row = RowSpec("diagonal", spec.stage, None, None, None, None, "")
+    spec_row = RowSpec("diagonal", spec.stage, None, None, None, None, ["hessian"], "")
     return RowResult("diagonal", spec_row, prot, tab, pd.DataFrame(rows), pd.DataFrame(), [])
 
 
@@ -675,16 +682,19 @@ def table1_lines(results: Mapping[str, RowResult], s: Settings) -> list[dict]:
     column with the Euclidean trace (said in the variant text)."""
     out = []
     none3 = {m: None for m in paper.TABLE1_MEASURES}
+    def absent(row, name, fam, stage, reason):
+        return dict(row=row, name=name, stage=STAGE, family=fam, exploratory=True, primary=False,
+                    variant=f"{TITLES[fam]} — exploratory; {stage}", tau=none3, status=reason)
+
     for name, spec in s.rows.items():
-        if spec.zoo is None or name not in results:
-            for fam in ("exact", "hessian"):
-                out.append(dict(row=spec.row, name=name, stage=STAGE, family=fam, exploratory=True, primary=False,
-                                variant=f"{TITLES[fam]} — exploratory; {spec.stage} zoo", tau=none3,
-                                status=spec.reason))
-            continue
-        out += _row_lines(results[name], s)
+        computed = spec.families if spec.zoo is not None and name in results else []
+        if computed:
+            out += _row_lines(results[name], s)
+        out += [absent(spec.row, name, f, f"{spec.stage} zoo", spec.reason) for f in FAMILIES if f not in computed]
     if "diagonal" in results:
         out += _row_lines(results["diagonal"], s)
+    elif s.diagonal is not None:
+        out.append(absent("diagonal", "diagonal", "hessian", "diagonal networks", s.diagonal.reason))
     return out
 
 
@@ -769,8 +779,10 @@ def finding_lines(lines: pd.DataFrame, results: Mapping[str, RowResult], s: Sett
            "the primary tests are unchanged): Δ = s·(τ − τ_adaptive) over the same members, paired bootstrap "
            f"({s.n_boot} resamples), {s.confidence:.0%} intervals."]
     for name, spec in s.rows.items():
-        if spec.zoo is None:
+        if spec.zoo is None or set(FAMILIES) - set(spec.families):
             out.append(f"{name}: {spec.reason}.")
+    if s.diagonal is not None and not s.diagonal.compute:
+        out.append(f"diagonal: {s.diagonal.reason}.")
     for r in lines[lines.family.isin(["exact", "hessian"])].itertuples():
         if not np.isfinite(r.tau):
             out.append(f"{r.row}, {LABELS[r.line]}: fewer than 4 members with a value ({r.n_refused} refused).")
@@ -816,7 +828,7 @@ def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *, 
                                     source=(sources or {}).get(name), names=(names or {}).get(name))
         seconds[name] = time.perf_counter() - t0
         print(f"geometry_lines: {name}: {len(results[name].members)} members in {seconds[name]:.0f} s", file=sys.stderr)
-    if s.diagonal is not None:
+    if s.diagonal is not None and s.diagonal.compute:
         t0 = time.perf_counter()
         results["diagonal"] = diagonal_row(s.diagonal, s, metrics_dir=metrics_dir, data_dir=data_dir,
                                            progress=progress)
@@ -829,7 +841,8 @@ def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *, 
                    median=("ratio_max", "median"), max=("ratio_max", "max"), n_above=("above_bound", "sum"),
                    n=("ratio_max", "size")).reset_index().to_dict("records") for n, r in results.items() if len(r.ratios)},
                "protocol": {n: vars(r.protocol) for n, r in results.items()},
-               "not_computed": {n: sp.reason for n, sp in s.rows.items() if sp.zoo is None},
+               "not_computed": {n: sp.reason for n, sp in s.rows.items()
+                                if sp.zoo is None or set(FAMILIES) - set(sp.families)},
                "preregistration": "reports/preregistration/geometry_lines.md"}
     cm.write_stage_metrics(out, STAGE, metrics)
     for name, res in results.items():

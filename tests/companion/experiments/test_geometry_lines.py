@@ -26,9 +26,9 @@ def _batches():
 
 def _settings(**kw):
     p = {"rows": {"tiny": {"row": "language", "stage": "tinystage", "zoo": "unused", "exact_batches": [0, 1],
-                           "hessian_batches": [0, 2], "hessian_probes": 2, "reason": ""},
+                           "hessian_batches": [0, 2], "hessian_probes": 2, "families": ["exact", "hessian"], "reason": ""},
                   "language": {"row": "language", "stage": "language", "zoo": None, "exact_batches": None,
-                               "hessian_batches": None, "hessian_probes": None,
+                               "hessian_batches": None, "hessian_probes": None, "families": [],
                                "reason": "not computed: zoo not in the cache"}},
          "diagonal": None, "metrics": ["invariant", "mixed"],
          "hessian": {"method": "hutchinson", "keep_graph": True, "probe_seed": 0}, "baseline": "adaptive",
@@ -209,7 +209,8 @@ def test_stage_report_and_table1_lines(tmp_path):
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="hessian_probes must be an integer >= 2"):
         gl.load_settings(_settings(rows={"x": {"row": "vision", "stage": "vision", "zoo": "z", "exact_batches": None,
-                                               "hessian_batches": None, "hessian_probes": 1, "reason": ""}}))
+                                               "hessian_batches": None, "hessian_probes": 1, "families": ["exact"], "reason": "x"}}))
     with pytest.raises(ValueError, match="`reason` must say why"):
-        gl.load_settings(_settings(rows={"x": {"row": "vision", "stage": "vision", "zoo": None, "exact_batches": None,
-                                               "hessian_batches": None, "hessian_probes": None, "reason": ""}}))
+        gl.load_settings(_settings(rows={"x": {"row": "vision", "stage": "vision", "zoo": "z", "exact_batches": None,
+                                               "hessian_batches": None, "hessian_probes": 2, "families": ["exact"],
+                                               "reason": ""}}))
