@@ -114,7 +114,8 @@ def paired_settings(s: MiniLMSettings, data_dir: str | Path):
 
     p = s.paired
     return pr.PairedSettings(
-        rows={STAGE: pr.RowSpec(row="language", layout="language", data=str(data_dir))}, baseline=mp.BASELINE,
+        rows={STAGE: pr.RowSpec(row="language", layout="language", data=str(data_dir), comparison="primary")},
+        baseline=mp.BASELINE,
         geodesic=list(mp.GEODESIC), n_boot=p.n_boot, seed=p.seed, confidence=p.confidence,
         power=pr.PowerSettings(n_sim=p.power_n_sim, n_boot=p.power_n_boot, seed=p.seed),
         retest_splits=pr.SplitSettings(n_splits=p.retest_splits, seed=p.seed),
@@ -129,7 +130,7 @@ def delta_table(s: MiniLMSettings, data_dir: str | Path) -> pd.DataFrame:
     from companion.experiments import paired as pr
 
     ps = paired_settings(s, data_dir)
-    rd = pr.load_row(STAGE, ps.rows[STAGE], ps)
+    rd = pr.load_row(STAGE, ps.rows[STAGE], ps, stage=STAGE)
     if all(rd.reliability[m] > 0 for m in [ps.baseline, *ps.geodesic]):
         return pr.delta_table(rd, ps)
     return delta_table_without_power(rd, ps)
@@ -150,7 +151,8 @@ def delta_table_without_power(rd, ps) -> pd.DataFrame:
                                       confidence=ps.confidence)
         pdelta = pr.paper_delta(rd.row, g, base)
         flat = [m for m in (g, base) if rd.reliability[m] <= 0]
-        rows.append(dict(row=rd.name, table1_row=rd.row, stage=rd.stage, measure=g, baseline=base, sign=sign,
+        rows.append(dict(row=rd.name, table1_row=rd.row, stage=rd.stage, comparison=rd.comparison, measure=g,
+                         baseline=base, sign=sign,
                          delta=d.delta, ci_low=d.lo, ci_high=d.hi, n=d.n, n_boot=d.n_boot, tau_geodesic=d.tau_x,
                          tau_baseline=d.tau_base, rho_geodesic=rd.rho[g], rho_baseline=rd.rho[base],
                          tau_between=analysis.kendall(rd.values[g], rd.values[base], n_boot=0, seed=0).tau,
@@ -169,8 +171,9 @@ def table1_entries(rep: MiniLMReport) -> list[dict]:
     planned = rep.n_planned if rep.n_planned is not None else n
     cut = "" if planned == n else (f"; only {n} of the {planned} pre-registered members finished training in the "
                                    "session's time (the first {n} seeds)").format(n=n)
+    count = f" (the {n} pre-registered)" if rep.n_planned is not None and planned == n else ""
     entry = {"row": "language", "setting": rep.setting,
-             "variant": f"{n} seed-only fine-tunes of pre-trained all-MiniLM-L6-v2, all members, ρ and protocol "
+             "variant": f"{n} seed-only fine-tunes of pre-trained all-MiniLM-L6-v2, all members{count}, ρ and protocol "
                         f"pre-registered on pilot members{cut}", "primary": True, "exploratory": False, "n_models": n,
              "tau": t["tau"].to_dict(), "ci": {m: [r.ci_low, r.ci_high] for m, r in t.iterrows()},
              "rho": t["rho"].to_dict(), "retest": t["retest"].to_dict(), "reliability": t["reliability"].to_dict(),

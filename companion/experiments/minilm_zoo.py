@@ -26,6 +26,10 @@ Command line (the DVC stage ``minilm_train``)::
 
     python -m companion.experiments.minilm_zoo train --out data/zoos/minilm --profile cpu
 
+``resume`` (same options) trains only the members an interrupted ``train`` left unfinished and writes
+``zoo.json`` as ``train`` does (byte-identical to an uninterrupted run); ``finalize`` assembles ``zoo.json``
+from the finished members alone (``complete: false``).
+
 reads ``params.yaml`` (section ``minilm_train``) and writes ``out/corpus/`` (the splits),
 ``out/base/config.json`` (MiniLM's configuration), one ``out/model_XXX/top.safetensors`` per member
 (the fine-tuned top only: the frozen part is MiniLM itself, checked by its SHA-256 in ``zoo.json``)
@@ -368,9 +372,7 @@ def train_member(spec: MiniLMSpec, data: Data, base, out: str | Path, i: int) ->
     name = lz.model_name(i)
     rec = {"name": name, "path": name, "seed": seed, **evaluate(top, data, spec.gap),
            "final_train_loss": float(np.mean(losses[-20:])), "seconds": secs, "cpu_seconds": cpu,
-           "hyperparameters": {**asdict(spec.finetune), "seed": seed}}
-    rec["hyperparameters"].pop("n_models")
-    rec["hyperparameters"].pop("base_seed")
+           "hyperparameters": _member_hyperparameters(spec, seed)}
     save_top(top, Path(out) / name)
     # the member's record beside its weights (no times: a DVC output), so that an interrupted zoo can be assembled
     (Path(out) / name / RECORD).write_text(json.dumps({k: v for k, v in rec.items() if k not in ("seconds", "cpu_seconds")},
@@ -420,6 +422,54 @@ def base_weights_file(path: str | Path) -> Path:
     raise FileNotFoundError(f"{path} holds no model.safetensors / pytorch_model.bin")
 
 
+def train_members(spec: MiniLMSpec, data: Data, base, out: str | Path, indices: Sequence[int], *,
+                  progress: bool = True) -> dict[int, dict]:
+    """Fine-tune members ``indices`` into ``out`` (:func:`train_member`, in ``spec.workers`` processes when more
+    than one) and return their records by index. A member depends only on its index (its seed) and ``data``:
+    the order and the process that trains it change no byte. The one member loop of :func:`train_zoo` and
+    :func:`resume_zoo`."""
+    indices = list(indices)
+    bar = tqdm(total=len(indices), desc="fine-tune zoo", disable=not progress)
+    records: dict[int, dict] = {}
+
+    def done(rec):
+        records[int(rec["name"].split("_")[1])] = rec
+        bar.update(1)
+        bar.set_postfix(train=f"{rec['train_error']:.3f}", dev=f"{rec['dev_error']:.3f}")
+
+    if spec.workers == 1 or len(indices) < 2:
+        for i in indices:
+            done(train_member(spec, data, base, out, i))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        cache = features_file(out)
+        torch.save(data, cache)
+        try:
+            with ProcessPoolExecutor(min(spec.workers, len(indices)), mp_context=mp.get_context("spawn"),
+                                     initializer=_worker_init, initargs=(spec.to_dict(), spec.threads or 1, str(cache))) as ex:
+                for fut in as_completed([ex.submit(_worker_member, str(out), i) for i in indices]):
+                    done(fut.result())
+        finally:
+            cache.unlink(missing_ok=True)
+    bar.close()
+    return records
+
+
+def _write_zoo(spec: MiniLMSpec, out: Path, data: Data, base, src: Path, records: list[dict], t0: float,
+               t_feat: float, **extra) -> dict:
+    """Take the training times out of the new ``records`` (those holding ``seconds``), write ``zoo.json`` and the
+    timings file beside the folder (``extra`` added to the timings); returns ``zoo.json``'s content."""
+    members = {r["name"]: {"seconds": r.pop("seconds"), "cpu_seconds": r.pop("cpu_seconds")}
+               for r in records if "seconds" in r}
+    timings = {"seconds_total": time.perf_counter() - t0, "seconds_features": t_feat, "members": members, **extra}
+    zoo = zoo_meta(spec, data.splits, base, src, records)
+    (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
+    lz.timings_file(out).write_text(json.dumps(timings, indent=1))
+    return zoo
+
+
 def train_zoo(spec: MiniLMSpec, out_dir: str | Path, *, progress: bool = True) -> dict:
     """Build the whole zoo in ``out_dir`` (replaced if it exists); returns ``zoo.json``'s content."""
     if spec.finetune.n_models < 1:
@@ -438,38 +488,80 @@ def train_zoo(spec: MiniLMSpec, out_dir: str | Path, *, progress: bool = True) -
         base.config.to_json_file(str(out / "base" / "config.json"))
         t_feat = time.perf_counter() - t0
         n = spec.finetune.n_models
-        bar = tqdm(total=n, desc="fine-tune zoo", disable=not progress)
-        records: list[dict | None] = [None] * n
+        recs = train_members(spec, data, base, out, range(n), progress=progress)
+        return _write_zoo(spec, out, data, base, src, [recs[i] for i in range(n)], t0, t_feat)
 
-        def done(rec):
-            records[int(rec["name"].split("_")[1])] = rec
-            bar.update(1)
-            bar.set_postfix(train=f"{rec['train_error']:.3f}", dev=f"{rec['dev_error']:.3f}")
 
-        if spec.workers == 1:
-            for i in range(n):
-                done(train_member(spec, data, base, out, i))
-        else:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+def _member_hyperparameters(spec: MiniLMSpec, seed: int) -> dict:
+    hp = {**asdict(spec.finetune), "seed": seed}
+    hp.pop("n_models")
+    hp.pop("base_seed")
+    return hp
 
-            cache = features_file(out)
-            torch.save(data, cache)
-            try:
-                with ProcessPoolExecutor(spec.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                                         initargs=(spec.to_dict(), spec.threads or 1, str(cache))) as ex:
-                    for fut in as_completed([ex.submit(_worker_member, str(out), i) for i in range(n)]):
-                        done(fut.result())
-            finally:
-                cache.unlink(missing_ok=True)
-        bar.close()
-        timings = {"seconds_total": time.perf_counter() - t0, "seconds_features": t_feat,
-                   "members": {r["name"]: {"seconds": r.pop("seconds"), "cpu_seconds": r.pop("cpu_seconds")}
-                               for r in records}}
-        zoo = zoo_meta(spec, data.splits, base, src, records)
-    (out / "zoo.json").write_text(json.dumps(zoo, indent=1))
-    lz.timings_file(out).write_text(json.dumps(timings, indent=1))
-    return zoo
+
+def finished_members(spec: MiniLMSpec, out_dir: str | Path) -> dict[int, dict]:
+    """The members of ``out_dir`` whose training finished (weights and ``record.json``), by index, among the
+    ``spec.finetune.n_models`` planned; a record whose seed or settings differ from ``spec``'s is an error."""
+    out, recs = Path(out_dir), {}
+    for i in range(spec.finetune.n_models):
+        path = out / lz.model_name(i) / RECORD
+        if path.is_file() and (out / lz.model_name(i) / WEIGHTS).is_file():
+            rec = json.loads(path.read_text())
+            seed = spec.finetune.base_seed + i
+            if rec.get("seed") != seed or rec.get("hyperparameters") != _member_hyperparameters(spec, seed):
+                raise ValueError(f"{path}: trained with other settings than params give (seed {rec.get('seed')} vs "
+                                 f"{seed}, {rec.get('hyperparameters')}); resume only with the settings it was trained with")
+            recs[i] = rec
+    return recs
+
+
+def resume_zoo(spec: MiniLMSpec, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Finish an interrupted :func:`train_zoo` in ``out_dir``: train exactly the planned members that have not
+    finished (the same seeds, data and settings as ``train_zoo``, through :func:`train_members`), keep the finished
+    ones untouched, and write ``zoo.json`` (``complete: true`` once all are there) and the timings file, as
+    ``train_zoo`` does. The result is byte-identical to an uninterrupted ``train_zoo`` (tested).
+
+    Refuses a folder whose corpus, base configuration, ``zoo.json`` settings (but ``workers``, which changes no
+    byte) or member records differ from what ``spec`` gives: resuming with other settings would mix two zoos."""
+    if spec.finetune.n_models < 1:
+        raise ValueError("finetune.n_models must be >= 1")
+    import tempfile
+
+    lz.check_cpu_kernels(spec.cpu_kernels)
+    out = Path(out_dir)
+    if not (out / "corpus" / "train.jsonl").is_file() or not (out / "base" / "config.json").is_file():
+        raise FileNotFoundError(f"{out} holds no started MiniLM zoo (corpus/ and base/config.json); run `train`")
+    if (out / "zoo.json").is_file():
+        old = json.loads((out / "zoo.json").read_text()).get("spec") or {}
+        new = json.loads(json.dumps(spec.to_dict()))
+        if {k: v for k, v in old.items() if k != "workers"} != {k: v for k, v in new.items() if k != "workers"}:
+            raise ValueError(f"{out}/zoo.json was written with other settings than params give; resume only with "
+                             f"the settings the zoo was trained with")
+    with lz.torch_threads(spec.threads):
+        t0 = time.perf_counter()
+        done_recs = finished_members(spec, out)
+        missing = [i for i in range(spec.finetune.n_models) if i not in done_recs]
+        src = base_dir(spec)
+        base = load_base(src)
+        data = prepare_data(spec, base, None, progress=progress)
+        with tempfile.TemporaryDirectory() as tmp:     # the corpus and configuration train_zoo would write
+            nc.save_corpus(data.splits, Path(tmp) / "corpus")
+            base.config.to_json_file(str(Path(tmp) / "config.json"))
+            same = [(Path(tmp) / "corpus" / f.name).read_bytes() == f.read_bytes() for f in (out / "corpus").iterdir()]
+            same.append(sorted(p.name for p in (out / "corpus").iterdir())
+                        == sorted(p.name for p in (Path(tmp) / "corpus").iterdir()))
+            same.append((Path(tmp) / "config.json").read_bytes() == (out / "base" / "config.json").read_bytes())
+        if not all(same):
+            raise ValueError(f"{out}: its corpus or base configuration differs from what the settings give; "
+                             "resume only with the settings the zoo was trained with")
+        t_feat = time.perf_counter() - t0
+        for d in out.glob("model_*"):       # unfinished members' leftovers are trained again from scratch
+            if d.is_dir() and int(d.name.split("_")[1]) in missing:
+                shutil.rmtree(d)
+        new = train_members(spec, data, base, out, missing, progress=progress)
+        records = [{**done_recs, **new}[i] for i in range(spec.finetune.n_models)]
+        return _write_zoo(spec, out, data, base, src, records, t0, t_feat,
+                          resumed=[lz.model_name(i) for i in missing], kept=len(done_recs))
 
 
 def zoo_meta(spec: MiniLMSpec, splits: Mapping[str, list], base, src: Path, records: list[dict]) -> dict:
@@ -632,19 +724,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m companion.experiments.minilm_zoo", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    tr = sub.add_parser("train", help="fine-tune the zoo from MiniLM")
-    tr.add_argument("--out", default="data/zoos/minilm")
-    tr.add_argument("--profile", default=None)
-    tr.add_argument("--params", default="params.yaml")
-    tr.add_argument("--section", default="minilm_train")
-    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    tr.add_argument("--no-progress", action="store_true")
-    fi = sub.add_parser("finalize", help="write zoo.json for the members an interrupted `train` finished")
-    fi.add_argument("--out", default="data/zoos/minilm")
-    fi.add_argument("--profile", default=None)
-    fi.add_argument("--params", default="params.yaml")
-    fi.add_argument("--section", default="minilm_train")
-    fi.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    for cmd, hlp in (("train", "fine-tune the zoo from MiniLM"),
+                     ("resume", "train only the members an interrupted `train` did not finish, then write zoo.json"),
+                     ("finalize", "write zoo.json for the members an interrupted `train` finished")):
+        p = sub.add_parser(cmd, help=hlp)
+        p.add_argument("--out", default="data/zoos/minilm")
+        p.add_argument("--profile", default=None)
+        p.add_argument("--params", default="params.yaml")
+        p.add_argument("--section", default="minilm_train")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        if cmd != "finalize":
+            p.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     for kv in args.set:
         if "=" not in kv:
@@ -667,12 +757,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"MiniLM zoo, profile {profile!r}, {threads} thread(s), {spec.workers} worker(s) -> {args.out}", flush=True)
     try:
-        zoo = train_zoo(spec, args.out, progress=not args.no_progress)
+        run = train_zoo if args.cmd == "train" else resume_zoo
+        zoo = run(spec, args.out, progress=not args.no_progress)
     except (ModuleNotFoundError, FileNotFoundError) as err:
         print(f"minilm_zoo: {err}", file=sys.stderr)
         return 2
     tr_err = [m["train_error"] for m in zoo["models"]]
-    print(f"{len(tr_err)} members; train error {min(tr_err):.3f}-{max(tr_err):.3f}")
+    print(f"{len(tr_err)} of {zoo['n_planned']} members (complete: {zoo['complete']}); "
+          f"train error {min(tr_err):.3f}-{max(tr_err):.3f}")
     return 0
 
 

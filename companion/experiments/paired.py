@@ -50,6 +50,7 @@ class RowSpec:
     row: str        # Table 1 row (vision / language): the paper's τ and sign come from it
     layout: str     # which loader reads the stage's tables (:data:`LAYOUTS`)
     data: str       # the stage's published folder, reports/data/<stage>
+    comparison: str  # the row's role: "primary", or "secondary (<why>)" for a row another row supersedes
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ def load_settings(params: dict) -> PairedSettings:
             raise ValueError(f"paired.rows.{name}.row = {spec.row!r}: not a Table 1 row ({', '.join(paper.TABLE1_TAU)})")
         if spec.layout not in LAYOUTS:
             raise ValueError(f"paired.rows.{name}.layout = {spec.layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if not (spec.comparison == "primary" or spec.comparison.startswith("secondary")):
+            raise ValueError(f"paired.rows.{name}.comparison = {spec.comparison!r}: write 'primary' or "
+                             "'secondary (<why>)'")
     if s.exploratory.row not in s.rows:
         raise ValueError(f"paired.exploratory.row = {s.exploratory.row!r} is not one of rows ({', '.join(s.rows)})")
     return s
@@ -115,6 +119,7 @@ class RowData:
     gap_reliability: float
     published_tau: dict[str, float]    # the stage's own primary τ (checked against ours)
     retest_splits: pd.DataFrame | None = None   # language layout: retest of the halves, both rules
+    comparison: str = "primary"        # the row's role (RowSpec.comparison)
 
 
 def _read(path: Path, **kw) -> pd.DataFrame:
@@ -174,9 +179,14 @@ LAYOUTS: dict[str, Callable[[str, RowSpec, PairedSettings], RowData]] = {"vision
                                                                          "language": load_language}
 
 
-def load_row(name: str, spec: RowSpec, s: PairedSettings) -> RowData:
-    """The row's members, refusing tables whose τ is not the one the stage published."""
+def load_row(name: str, spec: RowSpec, s: PairedSettings, stage: str | None = None) -> RowData:
+    """The row's members, refusing tables whose τ is not the one the stage published. ``stage``: the stage that
+    published the tables (default: the data folder's name, as in ``reports/data/<stage>``; a stage reading its own
+    tables from a staging folder names itself)."""
     rd = LAYOUTS[spec.layout](name, spec, s)
+    rd.comparison = spec.comparison
+    if stage is not None:
+        rd.stage = stage
     gap = rd.members["gap"].to_numpy()
     for m, v in rd.values.items():
         tau = analysis.kendall(v, gap, n_boot=0, seed=0).tau
@@ -229,9 +239,9 @@ def delta_table(rd: RowData, s: PairedSettings) -> pd.DataFrame:
                                   retest_base=rd.reliability[base], rel_y=rd.gap_reliability, tau_between=between,
                                   sign=sign, n_sim=s.power.n_sim, n_boot=s.power.n_boot, seed=s.power.seed,
                                   confidence=s.confidence)
-        rows.append(dict(row=rd.name, table1_row=rd.row, stage=rd.stage, measure=g, baseline=base, sign=sign,
-                         delta=d.delta, ci_low=d.lo, ci_high=d.hi, n=d.n, n_boot=d.n_boot, tau_geodesic=d.tau_x,
-                         tau_baseline=d.tau_base, rho_geodesic=rd.rho[g], rho_baseline=rd.rho[base],
+        rows.append(dict(row=rd.name, table1_row=rd.row, stage=rd.stage, comparison=rd.comparison, measure=g,
+                         baseline=base, sign=sign, delta=d.delta, ci_low=d.lo, ci_high=d.hi, n=d.n, n_boot=d.n_boot,
+                         tau_geodesic=d.tau_x, tau_baseline=d.tau_base, rho_geodesic=rd.rho[g], rho_baseline=rd.rho[base],
                          tau_between=between, reliability_geodesic=rd.reliability[g],
                          reliability_baseline=rd.reliability[base], gap_reliability=rd.gap_reliability,
                          paper_delta=pdelta, expected_at_paper=expected, power=pw,
@@ -308,9 +318,11 @@ def finding_lines(deltas: pd.DataFrame, factors: pd.DataFrame, partial: pd.DataF
     out = [f"Primary test of the paper's claim (pre-registered, reports/preregistration/delta_tau.md): Δ = s·(τ_geodesic − "
            f"τ_adaptive), s the sign of the paper's τ, positive when the geodesic measure tracks the gap more strongly "
            f"in the paper's direction; paired bootstrap over members ({s.n_boot} resamples), {s.confidence:.0%} "
-           "intervals; two tests per row, no multiplicity correction."]
+           "intervals; two tests per row, no multiplicity correction; a row marked secondary is one another row "
+           "supersedes, kept for comparison."]
     for r in deltas.itertuples():
-        out.append(f"{r.row} ({r.n} members), {LABELS[r.measure]} − adaptive: Δ = {r.delta:+.2f} {_ci(r.ci_low, r.ci_high)}"
+        role = "" if r.comparison == "primary" else f"; {r.comparison}"
+        out.append(f"{r.row} ({r.n} members{role}), {LABELS[r.measure]} − adaptive: Δ = {r.delta:+.2f} {_ci(r.ci_low, r.ci_high)}"
                    f" (τ {r.tau_geodesic:+.2f} vs {r.tau_baseline:+.2f}); the paper's Δ {r.paper_delta:+.2f}, expected "
                    f"here if the paper's τ held {r.expected_at_paper:+.2f}, power {r.power:.2f}: {r.verdict}.")
     if len(factors):
@@ -333,12 +345,14 @@ def finding_lines(deltas: pd.DataFrame, factors: pd.DataFrame, partial: pd.DataF
 
 
 def table1_entries(deltas: pd.DataFrame) -> list[dict]:
-    """What Table 1 attaches to the primary line of each row's stage (:mod:`companion.experiments.table1`)."""
+    """What Table 1 attaches to the primary line of each row's stage (:mod:`companion.experiments.table1`), with the
+    row's role (``comparison``: Table 1 relabels a superseded stage's primary line with it)."""
     out = []
     for (name, stage), g in deltas.groupby(["row", "stage"], sort=False):
         g = g.set_index("measure")
         col = lambda c: {m: float(g.loc[m, c]) for m in g.index}  # noqa: E731
-        out.append(dict(name=name, row=str(g["table1_row"].iloc[0]), stage=stage, n_models=int(g["n"].iloc[0]),
+        out.append(dict(name=name, row=str(g["table1_row"].iloc[0]), stage=stage, comparison=str(g["comparison"].iloc[0]),
+                        n_models=int(g["n"].iloc[0]),
                         delta=col("delta"), ci={m: [float(g.loc[m, "ci_low"]), float(g.loc[m, "ci_high"])] for m in g.index},
                         power=col("power"), paper_delta=col("paper_delta"), expected_at_paper=col("expected_at_paper"),
                         verdict={m: str(g.loc[m, "verdict"]) for m in g.index}))

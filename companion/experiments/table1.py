@@ -22,7 +22,7 @@ entry or a list of entries of the form::
 metrics files, lists the paper's three rows in the paper's order with the
 paper's values, our values (and intervals) beside them, the profile that
 produced them, and marks rows no stage has produced as "not computed yet". ``table1.csv`` has
-the columns ``comparison`` (primary / exploratory), ``gap_reliability``, ``retest_<measure>``,
+the columns ``comparison`` (primary / secondary (…) / exploratory), ``gap_reliability``, ``retest_<measure>``,
 ``reliability_<measure>``, ``tau_ceiling_<measure>`` and ``power_<measure>`` (empty where a line lacks them); below the
 table, a sentence for every line whose ceiling on |τ| lies below the paper's |τ|.
 
@@ -39,6 +39,11 @@ each row — exact-geodesic sharpness (τ in the geodesic columns) and Hessian t
 columns, the Euclidean trace in the adaptive column), their ``delta_tau_*`` against adaptive sharpness, and
 ``status`` "computed" or "not computed: <why>" (a row whose zoo is not at hand). ``table1.md`` and the README
 show them in a table of their own as well.
+
+**Roles.** Each entry carries the row's role as the stage ``paired`` declares it (``params.yaml``
+``paired.rows.<row>.comparison``): a stage's primary line whose row is declared ``"secondary (<why>)"`` — the
+144 k-parameter BERT language row, which the pre-trained MiniLM row supersedes (issue 24) — is shown with that
+label instead of "primary", its numbers and paired Δτ kept (:func:`apply_roles`).
 
 ``python -m companion.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
 writes ``table1.md`` and ``table1.csv`` (each written to a temporary file
@@ -238,7 +243,25 @@ def _spread_columns(spread: dict[str, Any]) -> dict[str, Any]:
 
 
 def _status(e: dict[str, Any]) -> str:
-    return "primary" if e.get("primary") else "exploratory" if e.get("exploratory") else "not declared"
+    if e.get("primary"):
+        return "primary"
+    return e["secondary"] if e.get("secondary") else "exploratory" if e.get("exploratory") else "not declared"
+
+
+def apply_roles(entries: dict[str, list[dict[str, Any]]], deltas: dict[str, dict[str, Any]]) -> None:
+    """A stage's primary line takes the role the stage ``paired`` gives its row (the delta entry's ``comparison``):
+    where that is not ``"primary"`` the line is no longer primary but ``secondary`` (the label, e.g. "secondary
+    (superseded by the pre-trained MiniLM row)"); its numbers and its paired Δτ stay. In place."""
+    for row_entries in entries.values():
+        for e in row_entries:
+            role = deltas.get(e["stage"], {}).get("comparison", "primary")
+            if e.get("primary") and role != "primary":
+                e["primary"], e["secondary"] = False, role
+
+
+def _order(e: dict[str, Any]) -> tuple[bool, bool]:
+    """Primary lines first, then secondary, then the rest."""
+    return not e.get("primary"), not e.get("secondary")
 
 
 def _reliability_columns(e: dict[str, Any]) -> dict[str, Any]:
@@ -332,6 +355,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     entries = collect(metrics_dir)
     deltas = collect_deltas(metrics_dir)
     geometry = collect_lines(metrics_dir)
+    apply_roles(entries, deltas)
     records: list[dict[str, Any]] = []
     notes: list[str] = []
     lines = [
@@ -339,7 +363,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
         "",
         "Paper values beside ours; ours with bootstrap 95 % intervals, the profile that produced "
         "them and the radius ρ. Generalisation: test loss (diagonal networks), the gap between "
-        "evaluation and train error (transformer zoos). Each row has one primary comparison; every "
+        "evaluation and train error (transformer zoos). Each row has one primary comparison; a line marked "
+        "secondary is a former primary comparison another line supersedes, kept with its numbers; every "
         "other line is exploratory (\"not declared\": a stage that has not labelled its lines yet). "
         "\"zoos: a / b / c (sd s)\": τ of the same measure at the same ρ over independently seeded "
         "zoos. \"retest r, ceiling c\": the measure's test–retest τ and the largest |τ| the gap's "
@@ -354,7 +379,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
         lines.append(f"| {row['setting']} | paper | – | – | – | – | – | "
                      + " | ".join(f"{row['paper'][m]:+.2f}" for m in MEASURES) + " |")
         records.append(_record(row, "paper", None, "paper", deltas=deltas))
-        ours = sorted(entries[row["row"]], key=lambda e: not e.get("primary"))
+        ours = sorted(entries[row["row"]], key=_order)
         if not ours:
             lines.append(f"| {row['ours']} | ours | – | – | – | – | – | "
                          + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
@@ -370,8 +395,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             lines.append(f"| {label} | ours | {_status(e)} | {e['profile']} | {e.get('n_models', '')} | "
                          f"{_rho_str(e.get('rho'))} | {'–' if rel is None else f'{rel:.2f}'} | "
                          + " | ".join(_cell(e, m) for m in MEASURES) + " |")
-            records.append(_record(row, "ours", e, "computed", deltas.get(e["stage"]) if e.get("primary") else None,
-                                   deltas))
+            records.append(_record(row, "ours", e, "computed",
+                                   deltas.get(e["stage"]) if e.get("primary") or e.get("secondary") else None, deltas))
             notes += ceiling_notes(row, e)
     if notes:
         lines += ["", "Rows that cannot show the paper's effect:", "", *notes]
@@ -409,17 +434,18 @@ def delta_section(metrics_dir: str | os.PathLike, entries: dict[str, list[dict[s
            "measure tracks the gap more strongly in the paper's direction; paired bootstrap 95 % interval, power at "
            "the paper's Δ with this zoo's reliabilities, and the verdict of the pre-registered rule "
            "(`reports/preregistration/delta_tau.md`).", "",
-           "| setting | source | models | " + " | ".join(f"Δ {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
-           "|---|---|---|" + "---|" * len(GEODESIC)]
+           "| setting | source | comparison | models | " + " | ".join(f"Δ {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
+           "|---|---|---|---|" + "---|" * len(GEODESIC)]
     for row in PAPER_ROWS:
-        ours = [(e, deltas[e["stage"]]) for e in entries[row["row"]] if e.get("primary") and e["stage"] in deltas]
+        ours = [(e, deltas[e["stage"]]) for e in sorted(entries[row["row"]], key=_order)
+                if (e.get("primary") or e.get("secondary")) and e["stage"] in deltas]
         if not ours:
             continue
-        out.append(f"| {row['setting']} | paper | {paper.TABLE1_N_MODELS[row['row']]} | "
+        out.append(f"| {row['setting']} | paper | – | {paper.TABLE1_N_MODELS[row['row']]} | "
                    + " | ".join(_fmt(paper_delta(deltas, row["row"], g)) for g in GEODESIC) + " |")
         for e, d in ours:
-            out.append(f"| {e.get('setting', row['ours'])} ({e.get('variant') or 'primary'}) | ours | {d['n_models']} | "
-                       + " | ".join(_delta_cell(d, g) for g in GEODESIC) + " |")
+            out.append(f"| {e.get('setting', row['ours'])} ({e.get('variant') or 'primary'}) | ours | {_status(e)} | "
+                       f"{d['n_models']} | " + " | ".join(_delta_cell(d, g) for g in GEODESIC) + " |")
     out += ["", "Findings of the stage paired (generated; the vision confound lines are exploratory, declared "
                 "before their values):", "", *delta_sentences(metrics_dir)]
     return out
@@ -451,14 +477,15 @@ README_BEGIN, README_END = "<!-- table1:begin (python -m companion.experiments.t
 
 
 def readme_summary(csv_path: str | os.PathLike, notes: list[str] = ()) -> str:
-    """The README's summary of Table 1: the paper's lines and our primary lines, with the
-    gap's reliability and each measure's retest and ceiling (generated from ``table1.csv``), then
-    ``notes`` (generated sentences, e.g. :func:`retest_note`)."""
+    """The README's summary of Table 1: the paper's lines and our primary and secondary lines (the comparison
+    column says which), with the gap's reliability and each measure's retest and ceiling (generated from
+    ``table1.csv``), then ``notes`` (generated sentences, e.g. :func:`retest_note`)."""
     with open(csv_path, newline="") as fh:
         every = list(csv.DictReader(fh))
-    rows = [r for r in every if r["source"] == "paper" or r["comparison"] == "primary"]
-    head = ["| setting | source | models | gap rel. | adaptive | geodesic, invariant | geodesic, mixed |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [r for r in every if r["source"] == "paper" or r["comparison"] == "primary"
+            or r["comparison"].startswith("secondary")]
+    head = ["| setting | source | comparison | models | gap rel. | adaptive | geodesic, invariant | geodesic, mixed |",
+            "|---|---|---|---|---|---|---|---|"]
     body = []
     for r in rows:
         cells = []
@@ -476,7 +503,8 @@ def readme_summary(csv_path: str | os.PathLike, notes: list[str] = ()) -> str:
                 c += f", ceiling {float(r[f'tau_ceiling_{m}']):.2f}"
             cells.append(c)
         rel = f"{float(r['gap_reliability']):.2f}" if r["gap_reliability"] else "–"
-        body.append(f"| {r['setting']} | {r['source']} | {r['n_models'] or '–'} | {rel} | " + " | ".join(cells) + " |")
+        body.append(f"| {r['setting']} | {r['source']} | {r['comparison'] or '–'} | {r['n_models'] or '–'} | {rel} | "
+                    + " | ".join(cells) + " |")
     return "\n".join([README_BEGIN, *head, *body, *readme_delta_table(rows),
                       *readme_geometry_table([r for r in every if r["stage"] == "geometry_lines"]),
                       *(["", *notes] if notes else []), README_END])
@@ -491,7 +519,8 @@ def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
     out = ["", "Paired Δτ = sign(paper's τ) · (τ geodesic − τ adaptive) over the same members (> 0: the geodesic "
                "measure is the better predictor in the paper's direction; the primary test of the paper's claim, "
                "pre-registered in `reports/preregistration/delta_tau.md`):", "",
-           "| setting | source | models | Δ geodesic, invariant | Δ geodesic, mixed |", "|---|---|---|---|---|"]
+           "| setting | source | comparison | models | Δ geodesic, invariant | Δ geodesic, mixed |",
+           "|---|---|---|---|---|---|"]
     for r in keep:
         cells = []
         for g in GEODESIC:
@@ -501,7 +530,7 @@ def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
                       f" · power {float(r[f'power_delta_{g}']):.2f} · {r[f'verdict_delta_{g}']}")
             cells.append(c)
         n = r["n_models"] or (str(paper.TABLE1_N_MODELS[r["row"]]) if r["source"] == "paper" else "–")
-        out.append(f"| {r['setting']} | {r['source']} | {n} | " + " | ".join(cells) + " |")
+        out.append(f"| {r['setting']} | {r['source']} | {r['comparison'] or '–'} | {n} | " + " | ".join(cells) + " |")
     return out
 
 

@@ -99,7 +99,7 @@ def test_a_slice_runs_end_to_end_without_the_packages_the_gpu_machine_lacks(tmp_
             ref = stats.kendalltau(value, members["gap"]).statistic
             assert r["tau"] == pytest.approx(ref, nan_ok=True)
         # the stage paired reads these tables as it reads the cpu stages' (same layouts)
-        s = paired.load_settings({"rows": {row: {"row": row, "layout": row, "data": str(d)}}, "baseline": "adaptive",
+        s = paired.load_settings({"rows": {row: {"row": row, "layout": row, "data": str(d), "comparison": "primary"}}, "baseline": "adaptive",
                                   "geodesic": ["geodesic_invariant", "geodesic_mixed"], "n_boot": 20, "seed": 0,
                                   "confidence": 0.95, "power": {"n_sim": 2, "n_boot": 10, "seed": 0},
                                   "retest_splits": {"n_splits": 3, "seed": 0},

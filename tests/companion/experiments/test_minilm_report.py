@@ -61,3 +61,38 @@ def test_a_measure_without_reliability_gets_delta_but_no_power(tmp_path):
     assert out.loc["geodesic_invariant", "delta"] == pytest.approx(t["geodesic_invariant"] - t["adaptive"])
     assert out["power"].isna().all() and out.loc["geodesic_mixed", "verdict"] in (
         "inconclusive", "contradicts the paper's size", "contradicts the paper's direction", "supports the paper")
+
+
+def test_the_delta_table_names_this_stage_not_its_staging_folder(tmp_path):
+    """The stage writes its tables to a staging folder ``<out>/data`` before publishing them to reports/data/minilm:
+    the Δτ table's ``stage`` column names the stage (it read "data")."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+    from scipy import stats
+
+    rng = np.random.default_rng(1)
+    names = [f"model_{i:03d}" for i in range(10)]
+    gap = rng.normal(size=10)
+    per_batch = {m: gap[:, None] * w + rng.normal(size=(10, 4)) for m, w in
+                 (("adaptive", 1.0), ("geodesic_invariant", 2.0), ("geodesic_mixed", 0.5))}
+    data = tmp_path / "data"
+    data.mkdir()
+    pd.DataFrame({"name": names, "gap": gap}).to_csv(data / "members.csv", index=False)
+    pd.DataFrame([{"model": n, "measure": m, "value": v.mean(), "per_batch": json.dumps(list(v))}
+                  for m, pb in per_batch.items() for n, v in zip(names, pb)]).to_csv(data / "sharpness.csv", index=False)
+    pd.DataFrame([{"measure": m, "rho": 0.1, "tau": stats.kendalltau(pb.mean(axis=1), gap).statistic, "retest": 0.5,
+                   "reliability": 0.6, "gap_reliability": 0.7} for m, pb in per_batch.items()]).to_csv(
+        data / "primary.csv", index=False)
+    p = mr.PairedSettings(n_boot=50, seed=24, confidence=0.95, power_n_sim=3, power_n_boot=10, retest_splits=5)
+    s = mr.MiniLMSettings(zoo_dir="", device="cpu", threads=1, workers=1, n_points=8, batch_size=4, data_seed=0, n_iters=1,
+                          seed=0, rho=None, eps=0.0, max_train_error=0.2, n_boot=10, gap_splits=5, power_alpha=0.05,
+                          power_n_sim=3, paired=p)
+    out = mr.delta_table(s, data)
+    assert list(out["stage"]) == ["minilm", "minilm"] and list(out["row"]) == ["minilm", "minilm"]
+    # the shared loader still names a published folder's stage by its name (reports/data/<stage>)
+    from companion.experiments import paired as pr
+
+    ps = mr.paired_settings(s, data)
+    assert pr.load_row("minilm", ps.rows["minilm"], ps).stage == "data"

@@ -162,3 +162,75 @@ def test_an_interrupted_zoo_is_assembled_from_its_finished_members(zoo, tmp_path
     assert meta["models"] == full["models"][:2]
     assert sorted(p.name for p in part.glob("model_*")) == ["model_000", "model_001"]
     assert len(mz.MiniLMZoo(part).loaders()) == 2
+
+
+def _tree_bytes(d):
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("finalized", [True, False])
+def test_a_resumed_zoo_is_byte_identical_to_an_uninterrupted_one(zoo, tmp_path, finalized):
+    """Members 2-3 interrupted (member 3 left half-written: weights without a record); ``resume`` in 2 worker
+    processes retrains exactly them, and every file of the zoo equals the one ``train`` wrote in one serial run."""
+    import shutil
+
+    part = tmp_path / "part"
+    shutil.copytree(zoo, part)
+    (part / "zoo.json").unlink()
+    shutil.rmtree(part / "model_002")
+    (part / "model_003" / mz.RECORD).unlink()
+    (part / "model_003" / mz.WEIGHTS).write_bytes(b"half-written")
+    base = json.loads((zoo / "zoo.json").read_text())["spec"]["base"]
+    spec = mz.MiniLMSpec.from_dict({**TINY_SPEC, "base": base})
+    if finalized:
+        assert mz.finalize(spec, part)["complete"] is False
+    kept = {n: (part / n / mz.WEIGHTS).stat().st_mtime_ns for n in ("model_000", "model_001")}
+    meta = mz.resume_zoo(mz.MiniLMSpec.from_dict({**TINY_SPEC, "base": base, "workers": 2}), part, progress=False)
+    assert meta["complete"] is True and len(meta["models"]) == 4
+    # the settings differ only in `workers`: zoo.json records it, every other byte is train's
+    full, got = _tree_bytes(zoo), _tree_bytes(part)
+    assert sorted(full) == sorted(got)
+    for name in full:
+        if name != "zoo.json":
+            assert got[name] == full[name], name
+    a, b = json.loads(full["zoo.json"]), json.loads(got["zoo.json"])
+    assert b["spec"].pop("workers") == 2 and a["spec"].pop("workers") == 1
+    assert a == b
+    # finished members were not retrained; the timings name the resumed ones only
+    assert {n: (part / n / mz.WEIGHTS).stat().st_mtime_ns for n in kept} == kept
+    t = json.loads(mz.lz.timings_file(part).read_text())
+    assert t["resumed"] == ["model_002", "model_003"] and sorted(t["members"]) == ["model_002", "model_003"]
+    assert t["kept"] == 2 and not mz.features_file(part).exists()
+
+
+def test_resume_writes_the_same_zoo_json_bytes_as_train(zoo, standin, tmp_path):
+    """Same settings (serial): zoo.json itself is byte-identical, and resuming a complete zoo trains nothing."""
+    import shutil
+
+    part = tmp_path / "part"
+    shutil.copytree(zoo, part)
+    shutil.rmtree(part / "model_003")
+    spec = mz.MiniLMSpec.from_dict({**TINY_SPEC, "base": str(standin)})
+    mz.resume_zoo(spec, part, progress=False)
+    assert _tree_bytes(part) == _tree_bytes(zoo)
+    mz.resume_zoo(spec, part, progress=False)
+    assert json.loads(mz.lz.timings_file(part).read_text())["resumed"] == []
+    assert _tree_bytes(part) == _tree_bytes(zoo)
+
+
+def test_resume_refuses_other_settings_and_an_unstarted_zoo(zoo, standin, tmp_path):
+    import shutil
+
+    with pytest.raises(FileNotFoundError, match="no started MiniLM zoo"):
+        mz.resume_zoo(mz.MiniLMSpec.from_dict({**TINY_SPEC, "base": str(standin)}), tmp_path / "none", progress=False)
+    part = tmp_path / "part"
+    shutil.copytree(zoo, part)
+    other = {**TINY_SPEC, "base": str(standin), "finetune": {**TINY_SPEC["finetune"], "lr": 2e-2}}
+    with pytest.raises(ValueError, match="other settings"):
+        mz.resume_zoo(mz.MiniLMSpec.from_dict(other), part, progress=False)
+    (part / "zoo.json").unlink()                    # without zoo.json the members' records still tell
+    with pytest.raises(ValueError, match="other settings"):
+        mz.resume_zoo(mz.MiniLMSpec.from_dict(other), part, progress=False)
+    corpus = {**TINY_SPEC, "base": str(standin), "corpus": {**TINY_SPEC["corpus"], "seed": 5}}
+    with pytest.raises(ValueError, match="corpus or base configuration"):
+        mz.resume_zoo(mz.MiniLMSpec.from_dict(corpus), part, progress=False)

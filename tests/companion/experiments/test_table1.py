@@ -142,3 +142,45 @@ def test_paired_delta_columns_attach_to_the_primary_line_and_the_paper_delta_is_
     assert "Paired Δτ" in text and "contradicts the paper's direction" in text and "exploratory c" in text
     block = table1.readme_summary(csvp, table1.delta_sentences(mdir, primary_only=True))
     assert "-0.10 [-0.20, -0.01] · power 0.90" in block and "exploratory c" not in block and "line b" in block
+
+
+def test_a_superseded_row_is_shown_secondary_with_its_numbers_and_delta(tmp_path):
+    """Issue 24: the MiniLM line is the primary language row; the 144 k-parameter BERT line (stage language), which
+    still declares itself primary in its own metrics, is shown with the role the stage paired gives it."""
+    mdir = tmp_path / "m"
+    role = "secondary (superseded by the pre-trained MiniLM row)"
+    lang_tau = {"adaptive": 0.4, "geodesic_invariant": 0.2, "geodesic_mixed": 0.3}
+    _write(mdir, "language", [{"row": "language", "variant": "bert", "primary": True, "tau": lang_tau, "n_models": 50},
+                              {"row": "language", "variant": "fitted", "exploratory": True, "tau": TAU, "n_models": 49}])
+    _write(mdir, "minilm", [{"row": "language", "variant": "minilm", "primary": True, "tau": TAU, "n_models": 24,
+                             "setting": "fine-tunes of pre-trained all-MiniLM-L6-v2"}])
+
+    def delta(stage, comparison, d):
+        return {"name": stage, "row": "language", "stage": stage, "comparison": comparison, "n_models": 7,
+                "delta": {g: d for g in table1.GEODESIC}, "ci": {g: [d - 0.1, d + 0.1] for g in table1.GEODESIC},
+                "power": {g: 0.5 for g in table1.GEODESIC}, "paper_delta": {"geodesic_invariant": 0.22,
+                                                                             "geodesic_mixed": 0.32},
+                "expected_at_paper": {}, "verdict": {g: "inconclusive" for g in table1.GEODESIC}}
+
+    (mdir / "paired.json").write_text(json.dumps({"profile": "cpu", "delta_tau": [delta("language", role, -0.19),
+                                                                                 delta("minilm", "primary", 0.07)],
+                                                  "findings": ["head"], "findings_primary": ["head"]}))
+    md, csvp = table1.write(mdir, tmp_path)
+    ours = [r for r in csv.DictReader(open(csvp)) if r["row"] == "language" and r["source"] == "ours"]
+    assert [(r["stage"], r["comparison"]) for r in ours] == [("minilm", "primary"), ("language", role),
+                                                            ("language", "exploratory")]
+    assert [r["comparison"] for r in ours].count("primary") == 1          # one primary line per row
+    bert = ours[1]
+    assert float(bert["adaptive"]) == 0.4 and float(bert["delta_tau_geodesic_invariant"]) == -0.19   # numbers kept
+    assert float(ours[0]["delta_tau_geodesic_mixed"]) == 0.07 and ours[2]["delta_tau_geodesic_invariant"] == ""
+    text = md.read_text()
+    assert f"| ours | {role} | cpu | 50 |" in text                     # Table 1's line
+    assert f"| ours | {role} | 50 |" not in text and f"| ours | {role} | 7 |" in text   # the Δτ table's line
+    block = table1.readme_summary(csvp)
+    assert block.count(f"| ours | {role} | 50 |") == 2 and block.count("| ours | primary | 24 |") == 2   # τ and Δτ
+    assert "| ours | exploratory |" not in block
+    # without the stage paired's roles every stage keeps its own label
+    (mdir / "paired.json").unlink()
+    _, records = table1.build(mdir)
+    assert [r["comparison"] for r in records if r["row"] == "language" and r["source"] == "ours"] == [
+        "primary", "primary", "exploratory"]

@@ -54,4 +54,7 @@ def test_minilm_notebook_runs_and_publishes(tmp_path, monkeypatch):
         assert entry["delta_tau_ci"][g] == pytest.approx(list(np.quantile(boots, [0.025, 0.975])))
     delta = pd.read_csv(data / "delta_tau.csv")
     assert list(delta["measure"]) == ["geodesic_invariant", "geodesic_mixed"]
+    assert set(delta["stage"]) == {"minilm"} and set(delta["comparison"]) == {"primary"}   # not the staging folder
+    # the line's text comes from zoo.json: a complete zoo holds the pre-registered count, nothing was cut
+    assert "all members (the 6 pre-registered)" in entry["variant"] and "finished training" not in entry["variant"]
     assert "seconds" not in sharp and "seconds" not in members

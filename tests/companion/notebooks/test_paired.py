@@ -58,8 +58,8 @@ def language_tables(d, n=12, batches=6, seed=1):
 
 
 def tiny_params(tmp_path):
-    return {"rows": {"vision": {"row": "vision", "layout": "vision", "data": str(tmp_path / "data" / "vision")},
-                     "language": {"row": "language", "layout": "language", "data": str(tmp_path / "data" / "language")}},
+    return {"rows": {"vision": {"row": "vision", "layout": "vision", "data": str(tmp_path / "data" / "vision"), "comparison": "primary"},
+                     "language": {"row": "language", "layout": "language", "data": str(tmp_path / "data" / "language"), "comparison": "primary"}},
             "baseline": "adaptive", "geodesic": ["geodesic_invariant", "geodesic_mixed"], "n_boot": 300, "seed": 24,
             "confidence": 0.95, "power": {"n_sim": 30, "n_boot": 100, "seed": 24},
             "retest_splits": {"n_splits": 40, "seed": 24},
@@ -135,4 +135,4 @@ def test_tables_whose_tau_is_not_the_published_one_are_refused(tmp_path):
     with pytest.raises(ValueError, match="levels; declare binary factors only"):
         paired.factor_levels(pd.DataFrame({"a": [1, 2, 3]}), "a")
     with pytest.raises(ValueError, match="not a Table 1 row"):
-        paired.load_settings({**tiny_params(tmp_path), "rows": {"x": {"row": "nope", "layout": "vision", "data": "."}}})
+        paired.load_settings({**tiny_params(tmp_path), "rows": {"x": {"row": "nope", "layout": "vision", "data": ".", "comparison": "primary"}}})
