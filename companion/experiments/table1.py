@@ -569,7 +569,7 @@ def readme_geometry_table(rows: list[dict[str, str]]) -> list[str]:
             if r[f"power_delta_{g}"] and r[f"power_delta_{g}"] != "nan":
                 c += f" · power {float(r[f'power_delta_{g}']):.2f}"
             ds.append(c)
-        line = r["variant"].split(" — ")[0]
+        line = r["variant"].split(" — ")[0] + ("" if r["status"] == "computed" else f" ({r['variant'].split('; ')[-1]})")
         out.append(f"| {r['setting']} | {line} | {r['n_models'] or '–'} | "
                    + " | ".join(_csv_cell(r, m) for m in MEASURES) + " | " + " | ".join(ds) + f" | {r['status']} |")
     return out
