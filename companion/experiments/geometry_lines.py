@@ -791,7 +791,7 @@ def finding_lines(lines: pd.DataFrame, results: Mapping[str, RowResult], s: Sett
         if r.family == "exact":
             extra = (f"; second order on the same batches τ {r.tau_second_order_same_batches:+.2f}, τ(exact, second "
                      f"order) {r.tau_exact_vs_second_order:+.2f}, largest relative difference "
-                     f"{r.max_rel_diff_exact_second_order:.2g}; refused {r.n_refused}; paper's Δ "
+                     f"{r.max_rel_diff_exact_second_order:.2g}; refused {int(r.n_refused)}; paper's Δ "
                      f"{r.paper_delta:+.2f}, power " + (f"{r.power:.2f}" if np.isfinite(r.power) else "not computed"))
         rel = "reliability 1 (exact)" if r.row == "diagonal" else \
             f"retest {r.retest:.2f}, reliability of the mean {r.reliability:.2f}"
