@@ -95,7 +95,7 @@ def update_readme(readme: str | Path, text: str) -> None:
 
 
 #: the stages added in issue 24's session (labelled "new" in the block)
-NEW_STAGES = ("paired",)
+NEW_STAGES = ("paired", "geometry_lines")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,13 @@ names, as the columns ``delta_tau_<g>``, ``delta_tau_<g>_ci_low`` / ``_ci_high``
 ``delta_tau_<g>``. ``table1.md`` shows them as a table of their own under Table 1 (the primary test of
 the paper's claim), with the exploratory vision confound lines of the same stage below.
 
+**Geometry lines** (issues 24 item 4 and 26 item 4; stage ``geometry_lines``, ``reports/metrics/geometry_lines.json``,
+key ``"table1_lines"``: :func:`companion.experiments.geometry_lines.table1_lines`): exploratory lines added under
+each row — exact-geodesic sharpness (τ in the geodesic columns) and Hessian traces (Riemannian in the geodesic
+columns, the Euclidean trace in the adaptive column), their ``delta_tau_*`` against adaptive sharpness, and
+``status`` "computed" or "not computed: <why>" (a row whose zoo is not at hand). ``table1.md`` and the README
+show them in a table of their own as well.
+
 **Roles.** Each entry carries the row's role as the stage ``paired`` declares it (``params.yaml``
 ``paired.rows.<row>.comparison``): a stage's primary line whose row is declared ``"secondary (<why>)"`` — the
 144 k-parameter BERT language row, which the pre-trained MiniLM row supersedes (issue 24) — is shown with that
@@ -102,6 +109,78 @@ def collect_deltas(metrics_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
         if missing:
             raise ValueError(f"{path}: delta_tau entry for stage {e.get('stage')!r} lacks {missing}")
         out[e["stage"]] = e
+    return out
+
+
+def collect_lines(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """The geometry lines of ``geometry_lines.json`` (stage ``geometry_lines``), grouped by Table 1 row
+    (``{}`` without that file)."""
+    path = Path(metrics_dir) / "geometry_lines.json"
+    if not path.is_file():
+        return {}
+    data = read_metrics(path)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in data.get("table1_lines", []):
+        if e.get("row") not in _OURS:
+            raise ValueError(f"{path}: geometry line row {e.get('row')!r} is not one of {list(_OURS)}")
+        e = {k: v for k, v in e.items() if not (k == "setting" and not v)}   # no own setting: the row's
+        out.setdefault(e["row"], []).append({**e, "profile": data.get("profile", "?"), "stage": path.stem})
+    return out
+
+
+def _line_delta(e: dict[str, Any]) -> dict[str, Any] | None:
+    """A geometry line's Δτ in the form :func:`_delta_columns` reads (None without one)."""
+    if not e.get("delta_tau"):
+        return None
+    return {"delta": {g: e["delta_tau"].get(g, "") for g in GEODESIC},
+            "ci": {g: (e.get("delta_tau_ci") or {}).get(g, ["", ""]) for g in GEODESIC},
+            "power": {g: (e.get("power_delta") or {}).get(g, "") for g in GEODESIC},
+            "verdict": {g: "" for g in GEODESIC}}
+
+
+def _line_cell(e: dict[str, Any], m: str) -> str:
+    if e.get("status") != "computed":
+        return e.get("status", NOT_COMPUTED)
+    if e["tau"].get(m) is None:
+        return "–"
+    ci = (e.get("ci") or {}).get(m)
+    out = _fmt(e["tau"][m]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+    rt, rel = (e.get("retest") or {}).get(m), (e.get("reliability") or {}).get(m)
+    if rt is not None and not (isinstance(rt, float) and math.isnan(rt)):
+        out += f" · retest {rt:.2f} (mean {rel:.2f})"
+    elif rel is not None:
+        out += f" · reliability {rel:.2f}"
+    return out
+
+
+def geometry_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """``table1.md``'s table of the geometry lines with their Δτ against adaptive (exploratory)."""
+    if not lines_by_row:
+        return []
+    out = ["", "## Geometry lines (exploratory, stage geometry_lines)", "",
+           "Pre-registered in `reports/preregistration/geometry_lines.md` before their values; the primary tests "
+           "are unchanged. Exact geodesic: the integrated geodesic (`Measure(step=\"exact\")`) at the rows' "
+           "pre-registered radii. Hessian trace: the Riemannian trace (invariant / mixed metric) in the geodesic "
+           "columns, the Euclidean trace in the adaptive column. Δ = sign(paper's τ) · (τ line − τ adaptive "
+           "sharpness), paired over the same members; power at the paper's Δ for the exact lines only (the paper "
+           "has no Hessian-trace τ).", "",
+           "| setting | line | models | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " | "
+           + " | ".join(f"Δ {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
+           "|---|---|---|" + "---|" * (len(MEASURES) + len(GEODESIC))]
+    for row in PAPER_ROWS:
+        for e in lines_by_row.get(row["row"], []):
+            d = _line_delta(e)
+            deltas = []
+            for g in GEODESIC:
+                if d is None or d["delta"][g] in ("", None):
+                    deltas.append("–")
+                    continue
+                lo, hi = d["ci"][g]
+                pw = d["power"][g]
+                deltas.append(f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}]"
+                              + (f" · power {pw:.2f}" if isinstance(pw, float) and not math.isnan(pw) else ""))
+            out.append(f"| {e.get('setting') or row['ours']} | {e['variant']} | {e.get('n_models', '–')} | "
+                       + " | ".join(_line_cell(e, m) for m in MEASURES) + " | " + " | ".join(deltas) + " |")
     return out
 
 
@@ -275,6 +354,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     then the exploratory lines; reliability, retest and ceiling where a stage recorded them)."""
     entries = collect(metrics_dir)
     deltas = collect_deltas(metrics_dir)
+    geometry = collect_lines(metrics_dir)
     apply_roles(entries, deltas)
     records: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -304,7 +384,11 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             lines.append(f"| {row['ours']} | ours | – | – | – | – | – | "
                          + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
             records.append(_record(row, "ours", None, NOT_COMPUTED, deltas=deltas))
-            continue
+        for e in geometry.get(row["row"], []):
+            lines.append(f"| {e.get('setting') or row['ours']} ({e['variant']}) | ours | exploratory | {e['profile']} "
+                         f"| {e.get('n_models', '–')} | {_rho_str(e.get('rho'))} | – | "
+                         + " | ".join(_line_cell(e, m) for m in MEASURES) + " |")
+            records.append(_record(row, "ours", e, e.get("status", NOT_COMPUTED), _line_delta(e), deltas))
         for e in ours:
             label = e.get("setting", row["ours"]) + (f" ({e['variant']})" if e.get("variant") else "")
             rel = e.get("gap_reliability")
@@ -317,6 +401,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     if notes:
         lines += ["", "Rows that cannot show the paper's effect:", "", *notes]
     lines += delta_section(metrics_dir, entries, deltas)
+    lines += geometry_section(geometry)
     if (retest := retest_note(metrics_dir)) is not None:
         lines += ["", "How much data the language row would need:", "", retest]
     lines.append("")
@@ -396,8 +481,9 @@ def readme_summary(csv_path: str | os.PathLike, notes: list[str] = ()) -> str:
     column says which), with the gap's reliability and each measure's retest and ceiling (generated from
     ``table1.csv``), then ``notes`` (generated sentences, e.g. :func:`retest_note`)."""
     with open(csv_path, newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r["source"] == "paper" or r["comparison"] == "primary"
-                or r["comparison"].startswith("secondary")]
+        every = list(csv.DictReader(fh))
+    rows = [r for r in every if r["source"] == "paper" or r["comparison"] == "primary"
+            or r["comparison"].startswith("secondary")]
     head = ["| setting | source | comparison | models | gap rel. | adaptive | geodesic, invariant | geodesic, mixed |",
             "|---|---|---|---|---|---|---|---|"]
     body = []
@@ -419,8 +505,9 @@ def readme_summary(csv_path: str | os.PathLike, notes: list[str] = ()) -> str:
         rel = f"{float(r['gap_reliability']):.2f}" if r["gap_reliability"] else "–"
         body.append(f"| {r['setting']} | {r['source']} | {r['comparison'] or '–'} | {r['n_models'] or '–'} | {rel} | "
                     + " | ".join(cells) + " |")
-    return "\n".join([README_BEGIN, *head, *body, *readme_delta_table(rows), *(["", *notes] if notes else []),
-                      README_END])
+    return "\n".join([README_BEGIN, *head, *body, *readme_delta_table(rows),
+                      *readme_geometry_table([r for r in every if r["stage"] == "geometry_lines"]),
+                      *(["", *notes] if notes else []), README_END])
 
 
 def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
@@ -444,6 +531,47 @@ def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
             cells.append(c)
         n = r["n_models"] or (str(paper.TABLE1_N_MODELS[r["row"]]) if r["source"] == "paper" else "–")
         out.append(f"| {r['setting']} | {r['source']} | {r['comparison'] or '–'} | {n} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _csv_cell(r: dict[str, str], m: str) -> str:
+    if not r[m]:
+        return "–"
+    c = f"{float(r[m]):+.2f}"
+    if r[f"{m}_ci_low"]:
+        c += f" [{float(r[f'{m}_ci_low']):+.2f}, {float(r[f'{m}_ci_high']):+.2f}]"
+    if r.get(f"reliability_{m}") and r[f"reliability_{m}"] != "nan":
+        c += f" · reliability {float(r[f'reliability_{m}']):.2f}"
+    return c
+
+
+def readme_geometry_table(rows: list[dict[str, str]]) -> list[str]:
+    """The README's table of the exploratory geometry lines (stage ``geometry_lines``, generated from
+    ``table1.csv``): τ with interval and reliability per column, Δτ against adaptive, the status; ``[]`` when
+    there are none."""
+    if not rows:
+        return []
+    out = ["", "Exploratory geometry lines (stage geometry_lines, pre-registered in "
+               "`reports/preregistration/geometry_lines.md`; exact geodesic: τ of the integrated-geodesic sharpness in "
+               "the geodesic columns; Hessian trace: the Riemannian trace in the geodesic columns, the Euclidean trace "
+               "in the adaptive column; Δ against adaptive sharpness as above; `reports/table1.md` has the full "
+               "variant text):", "",
+           "| setting | line | models | adaptive | geodesic, invariant | geodesic, mixed | Δ invariant | Δ mixed | "
+           "status |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ds = []
+        for g in GEODESIC:
+            if not r[f"delta_tau_{g}"]:
+                ds.append("–")
+                continue
+            c = f"{float(r[f'delta_tau_{g}']):+.2f} [{float(r[f'delta_tau_{g}_ci_low']):+.2f}, " \
+                f"{float(r[f'delta_tau_{g}_ci_high']):+.2f}]"
+            if r[f"power_delta_{g}"] and r[f"power_delta_{g}"] != "nan":
+                c += f" · power {float(r[f'power_delta_{g}']):.2f}"
+            ds.append(c)
+        line = r["variant"].split(" — ")[0] + ("" if r["status"] == "computed" else f" ({r['variant'].split('; ')[-1]})")
+        out.append(f"| {r['setting']} | {line} | {r['n_models'] or '–'} | "
+                   + " | ".join(_csv_cell(r, m) for m in MEASURES) + " | " + " | ".join(ds) + f" | {r['status']} |")
     return out
 
 
