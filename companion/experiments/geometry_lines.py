@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from companion import analysis, paper
+from companion.experiments.paired import PowerSettings, SplitSettings
 from companion.params import from_mapping
 
 STAGE = "geometry_lines"
@@ -95,19 +96,6 @@ class HessianSettings:
     method: str
     keep_graph: bool
     probe_seed: int
-
-
-@dataclass(frozen=True)
-class PowerSettings:
-    n_sim: int
-    n_boot: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class SplitSettings:
-    n_splits: int
-    seed: int
 
 
 @dataclass(frozen=True)
