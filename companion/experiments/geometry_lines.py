@@ -56,11 +56,10 @@ HESSIANS = ("invariant", "mixed", "euclidean")
 FAMILIES = ("exact", "hessian")
 #: the text of the library's refusal of an incomplete geodesic (hideseek.geometry.geodesic.RankLossMonitor)
 REFUSAL = "reach a rank-deficient pair"
-#: metrics with incomplete geodesics; on them a Gram matrix that is exactly singular at an RK4 point, which
-#: ``torch.linalg.inv`` rejects (LinAlgError) before the library's rank-loss monitor can refuse, is the same
-#: event (the pair lost rank on the path) and is recorded as a refusal too (the pre-registration's amendment)
-INCOMPLETE = ("mixed",)
-SINGULAR = "singular Gram matrix on the integrated geodesic (rank loss caught by torch.linalg.inv)"
+#: the library's refusal when a Gram matrix on the path is exactly singular (torch.linalg rejects it before the
+#: rank-loss monitor looks; hideseek.geometry.geodesic.singular_gram_refusal): the same event (the pair lost rank
+#: on the path), recorded as a refusal and counted apart (the pre-registration's amendment)
+SINGULAR = "exactly singular at an RK4 point"
 #: the title each Table 1 line's variant text starts with (before " — ")
 TITLES = {"exact": "exact geodesic (integrated, RK4)", "hessian": "Hessian trace"}
 LABELS = {"exact_invariant": "exact geodesic, invariant", "exact_mixed": "exact geodesic, mixed",
@@ -244,7 +243,7 @@ def measure_member(name: str, model, *, exact_batches: Sequence, hessian_batches
     Exact lines: per metric, :class:`hideseek.problem.SharpnessProblem` (what :func:`hideseek.sharpness` runs)
     with ``torch.manual_seed(seed)`` first, as :func:`companion.experiments.zoo.measure_zoo`; its value,
     per-batch values and the correction ratio at each batch's maximiser; a refusal of the library
-    (:data:`REFUSAL`), or on a metric of :data:`INCOMPLETE` a singular Gram matrix on the path (``LinAlgError``),
+    (:data:`REFUSAL`; an exactly singular Gram matrix on the path, :data:`SINGULAR`, counted apart)
     gives NaN, ``refused`` True and ``refusal`` ``"rank_loss"`` / ``"singular_gram"``. Hessian lines: per
     operator of :data:`HESSIANS` and batch ``(b, batch)`` of ``hessian_batches``, ``trace(method, n_probes=probes, seed=probe_seed + b)``."""
     from hideseek.problem import SharpnessProblem
@@ -271,11 +270,9 @@ def measure_member(name: str, model, *, exact_batches: Sequence, hessian_batches
         except ValueError as exc:
             if REFUSAL not in str(exc):
                 raise
-            rec.update(refused=True, refusal="rank_loss", message=str(exc))
-        except torch.linalg.LinAlgError as exc:     # amendment of the pre-registration: the same event, another path
-            if metric not in INCOMPLETE:
-                raise
-            rec.update(refused=True, refusal="singular_gram", message=f"{SINGULAR}: {str(exc).splitlines()[0]}")
+            # amendment of the pre-registration: an exactly singular Gram matrix is the same event, counted apart
+            rec.update(refused=True, refusal="singular_gram" if SINGULAR in str(exc) else "rank_loss",
+                       message=str(exc))
         out[f"exact_{metric}"] = rec
     out["exact_seconds"] = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -99,6 +99,17 @@ class RankLossMonitor:
                 "exact_geodesic_gl1_mixed). Use a smaller rho, or step='second_order'.")
 
 
+def singular_gram_refusal(t: float) -> ValueError:
+    """The one-line refusal of an integrated geodesic of an incomplete metric that meets an
+    *exactly* singular Gram matrix at a point where Γ is evaluated (``torch.linalg`` rejects
+    it before :class:`RankLossMonitor` can look): the same event as the monitor's refusal,
+    the pair lost rank on the path."""
+    return ValueError(
+        f"geodesic(s) of the mixed metric reach a rank-deficient pair (GᵀG or HᵀH exactly singular at an RK4 "
+        f"point) before t = {t:.3g}: the geodesic ball ends before the radius (as for GL(1), "
+        "exact_geodesic_gl1_mixed). Use a smaller rho, or step='second_order'.")
+
+
 def rk4_geodesic(accel: Accel, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, steps: int, t: float = 1.0,
                  monitor: Callable[[Tensor, Tensor, float], None] | None = None,
                  first_accel: "tuple[Tensor, Tensor] | None" = None,
@@ -108,9 +119,23 @@ def rk4_geodesic(accel: Accel, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, ste
 
     ``first_accel``: the acceleration at the start, when the caller has it (precomputed
     Gram inverses).  ``monitor(G, H, s)`` is called at every stage point and after every step,
-    and its ``check(t)`` (if it has one) at the end.  Returns the end point
+    and its ``check(t)`` (if it has one) at the end; with a monitor (an incomplete metric), an
+    exactly singular Gram matrix on the path is refused in one line
+    (:func:`singular_gram_refusal`) instead of ``torch.linalg``'s error.  Returns the end point
     ``(G(t), H(t))`` and velocity ``(vG(t), vH(t))``, or with ``trajectory=True`` the lists of
     the points and velocities at every step (``steps + 1`` each)."""
+    if monitor is None:
+        return _rk4(accel, G, H, xG, xH, steps, t, None, first_accel, trajectory)
+    try:
+        return _rk4(accel, G, H, xG, xH, steps, t, monitor, first_accel, trajectory)
+    except torch.linalg.LinAlgError:
+        raise singular_gram_refusal(t) from None
+
+
+def _rk4(accel: Accel, G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, steps: int, t: float,
+         monitor: Callable[[Tensor, Tensor, float], None] | None,
+         first_accel: "tuple[Tensor, Tensor] | None", trajectory: bool):
+    """The RK4 loop of :func:`rk4_geodesic`."""
     if steps < 1:
         raise ValueError(f"the number of RK4 steps must be >= 1, got {steps}")
     dt = t / steps

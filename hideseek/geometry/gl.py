@@ -210,7 +210,11 @@ class PairGeometry:
             monitor.record(*grams)
             return self.impl.acceleration_at(g, h, vg, vh, self.eps, grams=grams)
 
-        end = _geo.rk4_geodesic(accel, self.G, self.H, xG, xH, n, t, first_accel=self.acceleration(xG, xH))[0]
+        try:
+            end = _geo.rk4_geodesic(accel, self.G, self.H, xG, xH, n, t,
+                                    first_accel=self.acceleration(xG, xH))[0]
+        except torch.linalg.LinAlgError:   # an exactly singular Gram matrix: the monitor's event, one line
+            raise _geo.singular_gram_refusal(t) from None
         monitor(*end, t)          # and the end point
         monitor.check(t)
         return end

@@ -84,6 +84,25 @@ def test_the_mixed_metric_refuses_a_geodesic_that_loses_rank():
     PairGeometry(G, H, "invariant").step(-0.6 * G, -0.6 * H, "exact")        # complete: no refusal
 
 
+def test_an_exactly_singular_gram_matrix_on_the_path_is_refused_in_one_line():
+    # G = H = I (h = 2) and ξ = −2θ: RK4's first stage point θ + ξ/2 is exactly 0, where torch.linalg cannot
+    # invert GᵀG; the library must refuse as the rank-loss monitor does (ValueError, one line), not leak LinAlgError
+    G, H = torch.eye(2).expand(1, 2, 2), torch.eye(2).expand(1, 2, 2)
+    with pytest.raises(torch.linalg.LinAlgError):   # the event itself, independent of the library's geometry
+        torch.linalg.inv(torch.zeros(1, 2, 2))
+    with pytest.raises(ValueError, match=r"exactly singular .* smaller rho") as err:
+        PairGeometry(G, H, "mixed").integrated_step(-2 * G, -2 * H, steps=1)
+    assert "\n" not in str(err.value) and "rank-deficient pair" in str(err.value)
+    with pytest.raises(ValueError, match="rank-deficient pair"):           # through step doubling
+        PairGeometry(G, H, "mixed").step(-2 * G, -2 * H, "exact")
+    accel = get_metric("mixed").acceleration_at
+    with pytest.raises(ValueError, match="exactly singular"):               # the integrator with a monitor
+        geo.rk4_geodesic(lambda g, h, vg, vh: accel(g, h, vg, vh, 0.0), G, H, -2 * G, -2 * H, 1,
+                         monitor=lambda *a: None)
+    with pytest.raises(torch.linalg.LinAlgError):    # without a monitor (a complete metric's caller) it is an error
+        geo.rk4_geodesic(lambda g, h, vg, vh: accel(g, h, vg, vh, 0.0), G, H, -2 * G, -2 * H, 1)
+
+
 @pytest.mark.parametrize("metric,eps", METRIC_EPS)
 def test_against_the_reference_integrator(metric, eps):
     n, m, h = 4, 3, 2
