@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .inputs import SharpnessInputError, check_batch_losses, check_finite_loss
+from .inputs import SharpnessInputError, check_batch_losses, check_deterministic
 from .measures import Measure
 from .symmetries.base import SymmetryBlock
 
@@ -341,12 +341,7 @@ class ShardedModel:
         if checks:
             with torch.enable_grad():
                 again = loss_of({}, x0, y0).detach()
-            check_finite_loss(0, again, y0)
-            if float(again) != float(loss0.detach()):
-                raise SharpnessInputError(
-                    "the loss differs between two identical forward passes "
-                    f"({float(loss0.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
-                    "another random layer still active?). Sharpness needs a deterministic loss.")
+            check_deterministic(loss0, again, y0)
         return loss0.detach(), grads
 
     def geometry(self, measure: Measure, names: Sequence[str], blocks: Sequence[SymmetryBlock],

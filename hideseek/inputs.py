@@ -304,6 +304,17 @@ class Loss:
         return loss
 
 
+def check_deterministic(first: Tensor, again: Tensor, y=None) -> None:
+    """The set-up check of every sharpness call: a second identical forward pass at θ must give
+    a finite loss equal to the first, bit for bit (a model with dropout still on does not)."""
+    check_finite_loss(0, again, y)
+    if float(again) != float(first.detach()):
+        raise SharpnessInputError(
+            "the loss differs between two identical forward passes "
+            f"({float(first.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
+            "another random layer still active?). Sharpness needs a deterministic loss.")
+
+
 def check_finite_loss(i: int, loss, y=None, where: str = "at θ") -> None:
     """Raise when the loss of batch ``i`` is NaN or infinite, saying why when it can tell
     (every label the ignore index −100: an empty mean is NaN)."""

@@ -39,7 +39,7 @@ from torch.profiler import record_function
 
 from .embedding_rows import RowsGeometry, batch_geometry, searched_elements
 from .geometry.space import ProductGeometry
-from .inputs import Loss, SharpnessInputError, check_batch_losses, check_batches, check_finite_loss, \
+from .inputs import Loss, SharpnessInputError, check_batch_losses, check_batches, check_deterministic, \
     check_model, to_device, unwrap_model
 from .measures import Measure
 from .precision import annotate as annotate_precision, check_fresh_lora
@@ -244,12 +244,7 @@ def _setup_pass(loss: Loss, all_params: dict[str, Tensor], x0, y0, perturb: Sequ
     if checks:
         with torch.enable_grad():   # same kernels as the first pass (no inference fast path)
             again = loss(leaves, x0, y0).detach()
-        check_finite_loss(0, again, y0)
-        if float(again) != float(loss0.detach()):
-            raise SharpnessInputError(
-                "the loss differs between two identical forward passes "
-                f"({float(loss0.detach())!r} vs {float(again)!r}): the model is not deterministic (dropout or "
-                "another random layer still active?). Sharpness needs a deterministic loss.")
+        check_deterministic(loss0, again, y0)
     return loss0.detach(), setup_grads
 
 
