@@ -37,6 +37,7 @@ import torch  # noqa: E402
 
 from .bench_sharpness import machine_info  # noqa: E402
 from .models import MODELS, build, make_batches  # noqa: E402
+from .report import write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK_START, MARK_END = "<!-- bench_exact:start -->", "<!-- bench_exact:end -->"
@@ -149,13 +150,7 @@ def report_section(rows: list[dict], info: dict) -> str:
 
 def write_report(section: str, path: Path = ROOT / "reports" / "benchmarks.md") -> None:
     """Replace this benchmark's own section of ``path`` (appended at the end the first time)."""
-    text = path.read_text() if path.exists() else ""
-    if MARK_START in text:
-        head, rest = text.split(MARK_START, 1)
-        text = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(section, MARK_START, MARK_END, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,10 +24,7 @@ test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
-import os
 import statistics
 import sys
 import time
@@ -41,12 +38,12 @@ import torch  # noqa: E402
 
 from .bench_sharpness import MemoryProbe, machine_info  # noqa: E402
 from .models import MODELS, build, make_batches  # noqa: E402
+from .report import in_fresh_process, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS_CPU = ("small-bert", "small-vit", "nli-bert", "glyph-vit")
 METHODS = ("gradient", "euclidean", "invariant", "mixed", "mixed, kept graph", "mixed, 16 batched")
 MARK_START, MARK_END = "<!-- bench_hessian:start -->", "<!-- bench_hessian:end -->"
-LIVE_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 def bench_model(name: str, rounds: int = 5, memory: bool = True) -> dict:
@@ -99,18 +96,7 @@ def bench_model(name: str, rounds: int = 5, memory: bool = True) -> dict:
 
 
 def run_fresh(name: str, rounds: int) -> dict:
-    ctx = mp.get_context("spawn")
-    saved = {k: os.environ.get(k) for k in LIVE_ENV}
-    os.environ.update(LIVE_ENV)
-    try:
-        with cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-            return pool.submit(bench_model, name, rounds).result()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return in_fresh_process(bench_model, name, rounds, live=True)
 
 
 def table(results: list[dict]) -> str:
@@ -159,13 +145,8 @@ def report_section(results: list[dict], info: dict, note: str = "") -> str:
 
 
 def write_report(section: str, path: Path = ROOT / "reports" / "benchmarks.md") -> None:
-    text = path.read_text(encoding="utf-8")
-    if MARK_START in text:
-        head, rest = text.split(MARK_START, 1)
-        text = head + section + rest.split(MARK_END, 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text, encoding="utf-8")
+    """Replace this benchmark's own section of ``path`` (appended at the end the first time)."""
+    write_section(section, MARK_START, MARK_END, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,9 +17,7 @@ Models: ``minilm-shape`` (a random BERT of all-MiniLM-L6-v2's shape, 22.7 M para
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -33,6 +31,7 @@ import torch  # noqa: E402
 
 from .bench_sharpness import MemoryProbe, floor_run, machine_info  # noqa: E402
 from .models import MODELS, build, make_batches  # noqa: E402
+from .report import LIVE_ENV, in_fresh_process  # noqa: E402
 
 #: every worst-case measure and ablation (keyword form), plus the floor
 MEASURES: dict[str, dict | None] = {
@@ -102,27 +101,12 @@ def run_one(model_name: str, measure: str, batch_size: int, seq_len: int, n_iter
 SUFFIX = {False: "", True: " (low_memory)", None: " (default)"}
 
 
-#: glibc returns every allocation of at least this many bytes to the system when it is
-#: freed (a fixed mmap threshold), so that peak RSS is the peak of live memory
-LIVE_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 def run_fresh(*args, live: bool = False, **kw) -> MemoryResult:
     """:func:`run_one` in a spawned process; ``live``: with :data:`LIVE_ENV` set, so that
     heap fragmentation (freed memory glibc keeps) does not count."""
-    ctx = mp.get_context("spawn")
-    saved = {k: os.environ.get(k) for k in LIVE_ENV}
-    try:
-        if live:
-            os.environ.update(LIVE_ENV)
-        with cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-            return pool.submit(run_one, *args, **kw).result()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return in_fresh_process(run_one, *args, live=live, **kw)
 
 
 def table(results: list[MemoryResult]) -> str:

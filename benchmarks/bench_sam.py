@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import hideseek as hs
 from benchmarks.bench_sharpness import _logits, machine_info
 from benchmarks.models import MODELS, build, make_batches
+from benchmarks.report import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"adamw": None, "sam-plain": None, "sam": "euclidean", "asam": "adaptive",
@@ -168,13 +169,7 @@ def report_section(results: list[dict], info: dict) -> str:
 
 def write_report(section: str, path: Path = ROOT / "reports" / "benchmarks.md") -> None:
     """Replace this benchmark's own section of ``path`` (appended at the end the first time)."""
-    text = path.read_text() if path.exists() else ""
-    if MARK_START in text:
-        head, rest = text.split(MARK_START, 1)
-        text = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(section, MARK_START, MARK_END, path)
 
 
 def main(argv: list[str] | None = None) -> int:
