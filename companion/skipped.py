@@ -13,7 +13,9 @@ When it does, nothing is trained or measured: every output ``dvc.yaml`` declares
 survives in them:
 
 * a folder: emptied, holding only :data:`MARKER` (``{"stage", "profile", "skipped": <reason>}``);
-* a ``.json`` file (the metrics file, the headline): the same record with ``"table1": []`` (no Table 1 line);
+* a ``.json`` file (the metrics file): the same record with ``"table1": []`` (no Table 1 line); a DVC ``metrics``
+  file (the headline ``dvc metrics show`` prints): ``{"skipped": [<stage> (<profile>): <reason>], "table1": []}``,
+  lists only, which ``dvc metrics show`` does not print (its table keeps its columns);
 * a ``.ipynb`` (the published notebook): one markdown cell stating the reason (cell id ``<stage>-00``).
 
 The records hold no time and no machine path (the same bytes on every run). Downstream:
@@ -55,25 +57,26 @@ def record(stage: str, profile: str, reason: str) -> dict:
     return {"stage": stage, "profile": profile, "skipped": reason}
 
 
-def declared_outputs(stage: str, dvc_yaml: str | os.PathLike = REPO_ROOT / "dvc.yaml") -> list[str]:
-    """The paths ``dvc.yaml`` declares as the stage's ``outs`` and ``metrics`` (relative to the repository)."""
+def declared_outputs(stage: str, dvc_yaml: str | os.PathLike = REPO_ROOT / "dvc.yaml",
+                     kind: str | None = None) -> list[str]:
+    """The paths ``dvc.yaml`` declares as the stage's ``outs`` and ``metrics`` (or only those of ``kind``),
+    relative to the repository."""
     stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
     if stage not in stages:
         raise ValueError(f"{dvc_yaml} has no stage {stage!r}")
     out = []
-    for key in ("outs", "metrics"):
+    for key in ("outs", "metrics") if kind is None else (kind,):
         for item in stages[stage].get(key, []):
             out.append(item if isinstance(item, str) else next(iter(item)))
     return out
 
 
-def _notebook(stage: str, text: str) -> str:
+def _notebook(stage: str, text: str):
     import nbformat
 
     cell = nbformat.v4.new_markdown_cell(f"# Stage `{stage}`: not run\n\n{text}")
-    cell["id"] = f"{stage}-00"
-    nb = nbformat.v4.new_notebook(cells=[cell])
-    return nbformat.writes(nb)
+    cell["id"] = f"{stage}-00"    # the id companion.pipeline.scrub_notebook gives (no random id)
+    return nbformat.v4.new_notebook(cells=[cell])
 
 
 def write_skipped(stage: str, profile: str, reason: str, root: str | os.PathLike = REPO_ROOT,
@@ -84,14 +87,25 @@ def write_skipped(stage: str, profile: str, reason: str, root: str | os.PathLike
     rec = record(stage, profile, reason)
     text = json.dumps(rec, indent=1, sort_keys=True) + "\n"
     written = []
-    for rel in declared_outputs(stage, dvc_yaml if dvc_yaml is not None else REPO_ROOT / "dvc.yaml"):
+    dvc_yaml = dvc_yaml if dvc_yaml is not None else REPO_ROOT / "dvc.yaml"
+    for rel in declared_outputs(stage, dvc_yaml, "metrics"):   # headlines: lists only (dvc metrics show skips them)
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"skipped": [f"{stage} ({profile}): {reason}"], "table1": []}, indent=1) + "\n")
+        written.append(p)
+    for rel in declared_outputs(stage, dvc_yaml, "outs"):
         p = root / rel
         if p.suffix == ".json":
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps({**rec, "table1": []}, indent=1, sort_keys=True) + "\n")
-        elif p.suffix == ".ipynb":
+        elif p.suffix == ".ipynb":   # written as companion.pipeline.scrub_notebook writes (its normalised bytes)
+            import nbformat
+
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(_notebook(stage, f"Profile `{profile}`: {reason}."))
+            nbformat.write(_notebook(stage, f"Profile `{profile}`: {reason}."), str(p))
+        elif p.suffix:
+            raise ValueError(f"stage {stage}: cannot write the record of a skip as {rel} (a folder, .json or .ipynb "
+                             "output only); declare such an output differently or do not skip the stage")
         else:   # a folder: no file of an earlier run stays
             if p.is_dir():
                 shutil.rmtree(p)
@@ -105,17 +119,17 @@ def write_skipped(stage: str, profile: str, reason: str, root: str | os.PathLike
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv) if argv is not None else None
     import sys
 
-    args_in = sys.argv[1:] if argv is None else argv
+    args_in = sys.argv[1:] if argv is None else list(argv)
     if "--" not in args_in:
         print("error: usage: python -m companion.skipped <stage> [--profile P] -- <command ...>", file=sys.stderr)
         return 2
     cut = args_in.index("--")
     ap = argparse.ArgumentParser(prog="python -m companion.skipped", description=__doc__.splitlines()[0])
     ap.add_argument("stage")
-    ap.add_argument("--profile", default=None, help="parameter profile (default: params.yaml's `profile`)")
+    ap.add_argument("--profile", default=None, help="parameter profile (default: params.yaml's `profile`, which the "
+                                                    "stage's own command reads too)")
     ap.add_argument("--params", default=None, help="params.yaml (default: the repository's)")
     ap.add_argument("--root", default=str(REPO_ROOT), help="where the outputs go (default: this checkout)")
     args = ap.parse_args(args_in[:cut])
