@@ -10,8 +10,9 @@ Every number comes from a file under ``reports/timings/`` (git only, never a DVC
    that is one stage, ``language_train``);
 3. else the stage's own ``total`` (``vision_train.json``);
 
-and a stage with none of these is listed as "not timed". Stages the cpu profile skips say so (a stage's
-``params.yaml`` section can say it: ``language_stability``'s ``n_zoos: 0``). The block states the sum, and
+and a stage with none of these is listed as "not timed". Stages the cpu profile skips count 0 minutes and say why
+(:func:`cpu_skipped`, from ``params.yaml``: section ``skipped_stages`` (:mod:`companion.skipped`), and
+``language_stability``'s ``n_zoos: 0``), whatever an earlier run's timing file says. The block states the sum, and
 that the sum was **not** measured as one fresh-clone run unless such a run is recorded for it.
 
 ``python -m companion.budget [--timings reports/timings] [--readme README.md]`` prints the block (and
@@ -30,8 +31,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 README_BEGIN, README_END = "<!-- budget:begin (python -m companion.budget --readme README.md) -->", "<!-- budget:end -->"
 _STAGE_LINE = re.compile(r"stage (\S+) \((\w+)\) done in ([\d.]+)s")
 _END_LINE = re.compile(r"^\d\d:\d\d:\d\d END (\S+) rc=0 seconds=(\d+)$")
-#: stages the cpu profile does not run (their command writes a record saying so, in seconds)
-CPU_SKIPPED = {"language_stability": "skipped in the cpu profile (n_zoos: 0)"}
+PARAMS = REPO_ROOT / "params.yaml"
+
+
+def cpu_skipped(params: str | Path = PARAMS) -> dict[str, str]:
+    """``stage -> reason`` for the stages the cpu profile does not run (their command writes a record saying so, in
+    seconds): ``params.yaml``'s ``skipped_stages.cpu`` and ``language_stability`` when its ``n_zoos`` is 0."""
+    from companion.params import stage_params
+    from companion.skipped import skipped_stages
+
+    out = dict(skipped_stages("cpu", params)[1])
+    if stage_params("language_stability", "cpu", path=params)[1].get("n_zoos") == 0:
+        out["language_stability"] = "not run in the cpu profile (n_zoos: 0)"
+    return out
 
 
 def stages(dvc_yaml: str | Path = REPO_ROOT / "dvc.yaml") -> list[str]:
@@ -39,8 +51,11 @@ def stages(dvc_yaml: str | Path = REPO_ROOT / "dvc.yaml") -> list[str]:
     return list(yaml.safe_load(Path(dvc_yaml).read_text())["stages"])
 
 
-def stage_seconds(timings: str | Path, names: list[str]) -> dict[str, tuple[float | None, str]]:
-    """``stage -> (seconds or None, source)`` by the rules of the module docstring."""
+def stage_seconds(timings: str | Path, names: list[str],
+                  skipped: dict[str, str] | None = None) -> dict[str, tuple[float | None, str]]:
+    """``stage -> (seconds or None, source)`` by the rules of the module docstring; ``skipped``: the stages the
+    profile does not run, with why (default: :func:`cpu_skipped`)."""
+    skipped = cpu_skipped() if skipped is None else skipped
     t = Path(timings)
     fresh = {}
     if (t / "fresh_clone_stages.txt").is_file():
@@ -52,8 +67,8 @@ def stage_seconds(timings: str | Path, names: list[str]) -> dict[str, tuple[floa
     out = {}
     for s in names:
         own = json.loads((t / f"{s}.json").read_text()) if (t / f"{s}.json").is_file() else {}
-        if s in CPU_SKIPPED:
-            out[s] = (0.0, CPU_SKIPPED[s])
+        if s in skipped:
+            out[s] = (0.0, skipped[s])
         elif "stage_wall_s" in own:
             out[s] = (float(own["stage_wall_s"]), f"its last run (reports/timings/{s}.json)")
         elif s in fresh:

@@ -94,6 +94,9 @@ STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 def stage_sources(stage: dict) -> tuple[set[str], list[Path]]:
     argv = shlex.split(stage["cmd"])
     assert argv[:2] == ["python", "-m"], f"unexpected command {stage['cmd']!r}"
+    if argv[2] == "companion.skipped":   # the wrapper of a stage a profile may skip: it and the wrapped command
+        inner = stage_sources({"cmd": shlex.join(argv[argv.index("--") + 1:])})
+        return {argv[2], *inner[0]}, inner[1]
     modules = {argv[2]}
     f = module_file(argv[2])
     if f is not None and f.name == "__init__.py" and (f.parent / "__main__.py").is_file():
@@ -125,6 +128,8 @@ def test_stage_lists_every_imported_project_file(name):
 
 def test_the_scanner_follows_relative_and_package_imports():
     assert "companion.assets.__main__" in stage_sources({"cmd": "python -m companion.assets check"})[0]
+    wrapped = stage_sources({"cmd": "python -m companion.skipped language -- python -m companion.pipeline language"})
+    assert wrapped == ({"companion.skipped", "companion.pipeline"}, [ROOT / "notebooks" / "language.ipynb"])
     # companion.assets.__main__ imports .manifest relatively; hideseek's __init__ pulls in its subpackages
     files = {str(f.relative_to(ROOT)) for f in closure({"companion.assets.__main__"})}
     assert "companion/assets/manifest.py" in files and "companion/assets/__init__.py" in files

@@ -23,11 +23,17 @@ For the language layout the retest of the halves is also reported as the mean ov
 batches (:func:`companion.analysis.random_split_retest`, the pre-registered split rule), which sets the
 reliability the power uses.
 
+**A row whose stage the profile does not run** (:mod:`companion.skipped`: its data folder holds only
+:data:`SKIPPED_FILE`, e.g. the 144 k-parameter BERT row in the cpu profile) is not compared: it is listed with its
+role and the reason under ``"not_run"`` in the metrics file and in one findings line after the primary ones
+(:func:`not_run_record`); no Δ, no Table 1 entry. The exploratory row must have run.
+
 ``run_report(profile, params, out_dir)`` writes ``metrics/paired.json``, ``data/delta_tau.csv``,
 ``data/reliability.csv``, ``data/factors.csv`` and ``data/partial.csv``; ``notebooks/paired.ipynb`` plots.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -41,6 +47,8 @@ from companion import analysis, paper
 from companion.params import from_mapping
 
 STAGE = "paired"
+#: the record companion.skipped leaves in the data folder of a stage its profile does not run
+SKIPPED_FILE = "skipped.json"
 LABELS = {"adaptive": "adaptive", "geodesic_invariant": "geodesic, invariant",
           "geodesic_mixed": "geodesic, mixed"}
 
@@ -179,6 +187,17 @@ LAYOUTS: dict[str, Callable[[str, RowSpec, PairedSettings], RowData]] = {"vision
                                                                          "language": load_language}
 
 
+def not_run_record(name: str, spec: RowSpec) -> dict | None:
+    """``{"name", "row", "stage", "comparison", "profile", "reason"}`` when the row's stage was not run in its profile
+    (its data folder holds :data:`SKIPPED_FILE`, written by :mod:`companion.skipped`), else None."""
+    path = Path(spec.data) / SKIPPED_FILE
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())
+    return dict(name=name, row=spec.row, stage=rec.get("stage", Path(spec.data).name), comparison=spec.comparison,
+                profile=rec.get("profile", ""), reason=rec["skipped"])
+
+
 def load_row(name: str, spec: RowSpec, s: PairedSettings, stage: str | None = None) -> RowData:
     """The row's members, refusing tables whose τ is not the one the stage published. ``stage``: the stage that
     published the tables (default: the data folder's name, as in ``reports/data/<stage>``; a stage reading its own
@@ -314,8 +333,10 @@ def _ci(lo: float, hi: float) -> str:
     return f"[{lo:+.2f}, {hi:+.2f}]"
 
 
-def finding_lines(deltas: pd.DataFrame, factors: pd.DataFrame, partial: pd.DataFrame, s: PairedSettings) -> list[str]:
-    """The findings (also in the metrics file and the README), every number from the tables."""
+def finding_lines(deltas: pd.DataFrame, factors: pd.DataFrame, partial: pd.DataFrame, s: PairedSettings,
+                  not_run: list[dict] = ()) -> list[str]:
+    """The findings (also in the metrics file and the README), every number from the tables; a row whose stage was
+    not run (``not_run``, :func:`not_run_record`) gets one line after the primary ones, saying so and why."""
     out = [f"Primary test of the paper's claim (pre-registered, reports/preregistration/delta_tau.md): Δ = s·(τ_geodesic − "
            f"τ_adaptive), s the sign of the paper's τ, positive when the geodesic measure tracks the gap more strongly "
            f"in the paper's direction; paired bootstrap over members ({s.n_boot} resamples), {s.confidence:.0%} "
@@ -326,6 +347,8 @@ def finding_lines(deltas: pd.DataFrame, factors: pd.DataFrame, partial: pd.DataF
         out.append(f"{r.row} ({r.n} members{role}), {LABELS[r.measure]} − adaptive: Δ = {r.delta:+.2f} {_ci(r.ci_low, r.ci_high)}"
                    f" (τ {r.tau_geodesic:+.2f} vs {r.tau_baseline:+.2f}); the paper's Δ {r.paper_delta:+.2f}, expected "
                    f"here if the paper's τ held {r.expected_at_paper:+.2f}, power {r.power:.2f}: {r.verdict}.")
+    for r in not_run:
+        out.append(f"{r['name']} ({r['comparison']}): not compared — stage {r['stage']}, {r['reason']}.")
     if len(factors):
         out.append("Exploratory (declared before the values; vision members split by each drawn binary factor):")
         for (f, level), g in factors.groupby(["factor", "level"], sort=False):
@@ -369,6 +392,7 @@ class PairedReport:
     rows: dict[str, RowData]
     findings: list[str]
     metrics: dict
+    not_run: list[dict] = dataclasses.field(default_factory=list)   # rows whose stage was not run (not_run_record)
 
 
 def findings(rep: PairedReport) -> str:
@@ -381,17 +405,23 @@ def run_report(profile: str, params: dict, out_dir: str | Path) -> PairedReport:
     from companion import metrics as cm
 
     s = load_settings(params)
-    rows = {name: load_row(name, spec, s) for name, spec in s.rows.items()}
+    not_run = [r for name, spec in s.rows.items() if (r := not_run_record(name, spec)) is not None]
+    skipped = {r["name"] for r in not_run}
+    if s.exploratory.row in skipped or len(skipped) == len(s.rows):
+        raise ValueError(f"paired: no data for {'every row' if len(skipped) == len(s.rows) else 'the exploratory row'}"
+                         f" ({', '.join(sorted(skipped))}: stage not run in this profile); run its stage in a "
+                         "profile that runs it, or drop the row from params.yaml paired.rows")
+    rows = {name: load_row(name, spec, s) for name, spec in s.rows.items() if name not in skipped}
     deltas = pd.concat([delta_table(rd, s) for rd in rows.values()], ignore_index=True)
     rel = [rd.retest_splits for rd in rows.values() if rd.retest_splits is not None]
     reliability = pd.concat(rel, ignore_index=True) if rel else pd.DataFrame()
     ex = rows[s.exploratory.row]
     factors, partial = factor_table(ex, s), partial_table(ex, s)
-    lines = finding_lines(deltas, factors, partial, s)
-    n_primary = 1 + len(deltas)    # the head sentence and one per (row, geodesic measure)
+    lines = finding_lines(deltas, factors, partial, s, not_run)
+    n_primary = 1 + len(deltas)    # the head sentence and one per (row, geodesic measure); not the not-run lines
     metrics = {"delta_tau": table1_entries(deltas), "primary": deltas.to_dict("records"), "findings": lines,
                "findings_primary": lines[:n_primary],
-               "retest_random_splits": reliability.to_dict("records"),
+               "not_run": not_run, "retest_random_splits": reliability.to_dict("records"),
                "exploratory": {"what": "vision confounds, declared in reports/preregistration/delta_tau.md before the "
                                        "values: τ and Δ within the levels of each drawn binary factor; Kendall's partial "
                                        "τ controlling for " + s.exploratory.control,
@@ -406,4 +436,4 @@ def run_report(profile: str, params: dict, out_dir: str | Path) -> PairedReport:
     reliability.to_csv(out / "data" / "reliability.csv", index=False)
     factors.to_csv(out / "data" / "factors.csv", index=False)
     partial.to_csv(out / "data" / "partial.csv", index=False)
-    return PairedReport(deltas, reliability, factors, partial, rows, lines, metrics)
+    return PairedReport(deltas, reliability, factors, partial, rows, lines, metrics, not_run)

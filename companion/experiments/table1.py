@@ -45,6 +45,11 @@ show them in a table of their own as well.
 144 k-parameter BERT language row, which the pre-trained MiniLM row supersedes (issue 24) — is shown with that
 label instead of "primary", its numbers and paired Δτ kept (:func:`apply_roles`).
 
+**Stages not run** in the profile (a metrics file with ``"skipped"``: :mod:`companion.skipped`, or
+``language_stability``'s ``n_zoos: 0``) contribute no line; ``table1.md`` and the README list them under the
+table with the reason their metrics file gives (:func:`not_run_notes`) — in the cpu profile the 144 k-parameter
+BERT zoo, the secondary language line.
+
 ``python -m companion.experiments.table1 [--metrics-dir reports/metrics] [--out-dir reports]``
 writes ``table1.md`` and ``table1.csv`` (each written to a temporary file
 and renamed, so a reader never sees half a table).
@@ -336,6 +341,8 @@ def retest_note(metrics_dir: str | os.PathLike) -> str | None:
     if not path.is_file():
         return None
     data = read_metrics(path)
+    if data.get("skipped"):    # the stage was not run in this profile: not_run_notes says so
+        return None
     per = data["measures"]
     head = (f"* {_OURS['language']} (exploratory, stage language_retest): a test–retest of {data['target']:g} for "
             f"every measure")
@@ -347,6 +354,23 @@ def retest_note(metrics_dir: str | os.PathLike) -> str | None:
             f"half ({slow['pairs_per_member_for_target']} training pairs per member; {slow['label']} is the slowest; "
             f"Spearman–Brown from the retest at {slow['batches_per_half']} batches per half, "
             f"{slow['retest']:.2f})" + (f"; the corpus's training split has {avail}." if avail else "."))
+
+
+NOT_RUN_HEAD = "Not run in this profile (no line of theirs in the table):"
+
+
+def not_run_notes(metrics_dir: str | os.PathLike) -> list[str]:
+    """One bullet per stage whose metrics file says it was not run in its profile (``"skipped"``), with the
+    reason it gives; ``[]`` when every stage ran."""
+    mdir = Path(metrics_dir)
+    if not mdir.is_dir():
+        return []
+    out = []
+    for path in sorted(mdir.glob("*.json")):
+        data = read_metrics(path)
+        if data.get("skipped"):
+            out.append(f"* stage `{path.stem}`: {data['skipped']}")
+    return out
 
 
 def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
@@ -400,6 +424,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             notes += ceiling_notes(row, e)
     if notes:
         lines += ["", "Rows that cannot show the paper's effect:", "", *notes]
+    if not_run := not_run_notes(metrics_dir):
+        lines += ["", NOT_RUN_HEAD, "", *not_run]
     lines += delta_section(metrics_dir, entries, deltas)
     lines += geometry_section(geometry)
     if (retest := retest_note(metrics_dir)) is not None:
@@ -575,6 +601,15 @@ def readme_geometry_table(rows: list[dict[str, str]]) -> list[str]:
     return out
 
 
+def readme_notes(metrics_dir: str | os.PathLike) -> list[str]:
+    """The generated sentences under the README's Table 1: the paired Δτ findings (primary), the language row's
+    data need (:func:`retest_note`, where its stage ran) and the stages not run in the profile (:func:`not_run_notes`)."""
+    note = retest_note(metrics_dir)
+    not_run = not_run_notes(metrics_dir)
+    return (delta_sentences(metrics_dir, primary_only=True) + ([] if note is None else [note])
+            + (["", NOT_RUN_HEAD, "", *not_run] if not_run else []))
+
+
 def update_readme(readme: str | os.PathLike, csv_path: str | os.PathLike, notes: list[str] = ()) -> None:
     """Replace the generated Table 1 block of ``readme`` (between its markers)."""
     text = Path(readme).read_text()
@@ -598,9 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     timings.parent.mkdir(parents=True, exist_ok=True)
     timings.write_text(json.dumps({"stage_wall_s": round(time.perf_counter() - t0, 1)}, indent=1) + "\n")
     if args.readme:
-        note = retest_note(args.metrics_dir)
-        update_readme(args.readme, csv_path, delta_sentences(args.metrics_dir, primary_only=True)
-                      + ([] if note is None else [note]))
+        update_readme(args.readme, csv_path, readme_notes(args.metrics_dir))
     print(Path(md).read_text())
     print(f"wrote {md} and {csv_path}")
     return 0

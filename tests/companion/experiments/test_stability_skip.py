@@ -66,7 +66,9 @@ def test_table1_omits_a_skipped_stability_line(tmp_path):
     rows = list(csv.DictReader(csv_path.open()))
     ours = [(r["row"], r["stage"]) for r in rows if r["source"] == "ours"]
     assert ours == [("diagonal", "diagonal"), ("vision", ""), ("language", "")]   # language: "not computed" only
-    assert "language_stability" not in md.read_text()
+    table, _, below = md.read_text().partition(table1.NOT_RUN_HEAD)
+    assert "language_stability" not in table                          # no line in the table; listed as not run
+    assert f"* stage `language_stability`: {st.SKIPPED}" in below
     assert md.read_text().count(table1.NOT_COMPUTED) == 6                # vision and language: no line of ours
 
 
