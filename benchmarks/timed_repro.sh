@@ -2,7 +2,9 @@
 # Timed fresh-clone reproduction (issue 16, item 8): clone, then run the given steps in order, each
 # logged with its wall seconds to $LOG (read by `python -m benchmarks.repro_times $LOG`).
 #   benchmarks/timed_repro.sh /path/to/fresh-clone setup language_train language repro
-# setup: `make setup`; repro: `dvc repro` (every stage not yet up to date); any other word: `dvc repro <stage>`.
+# setup: `make setup`; repro: `dvc repro` (every stage not yet up to date); force:<stage>: `dvc repro -f -s <stage>`
+# (that stage alone, rebuilt even when its outputs are up to date: a full rebuild, stage by stage);
+# any other word: `dvc repro <stage>`.
 set -u
 dir=$1; shift
 LOG=${LOG:-$dir/../repro_times.log}
@@ -13,6 +15,7 @@ for s in "$@"; do
   case $s in
     setup) make setup > "$LOG.$s.out" 2>&1;;
     repro) bash -c '. .venv/bin/activate && dvc repro' > "$LOG.$s.out" 2>&1;;
+    force:*) bash -c ". .venv/bin/activate && dvc repro -f -s ${s#force:}" > "$LOG.${s#force:}.out" 2>&1;;
     *) bash -c ". .venv/bin/activate && dvc repro $s" > "$LOG.$s.out" 2>&1;;
   esac
   rc=$?; echo "$(date -u +%T) END $s rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$LOG"
