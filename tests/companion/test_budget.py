@@ -28,3 +28,29 @@ def test_readme_budget_block_is_generated():
     text = (ROOT / "README.md").read_text()
     block = text[text.index(budget.README_BEGIN):text.index(budget.README_END) + len(budget.README_END)]
     assert block == budget.block(new_stages=budget.NEW_STAGES)
+
+
+def test_a_complete_timed_rebuild_is_the_source_and_its_total_is_stated(tmp_path):
+    t = tmp_path / "timings"
+    t.mkdir()
+    (t / "a.json").write_text(json.dumps({"stage_wall_s": 999.0}))                   # an older run of its own
+    dvc = tmp_path / "dvc.yaml"
+    dvc.write_text("stages:\n  a: {cmd: x}\n  b: {cmd: x}\n  language_stability: {cmd: x}\n")
+    log = ("17:30:51 START setup\n17:31:21 at abc update: a line that is not a step\n"
+           "17:34:57 END setup rc=0 seconds=240\n17:34:57 START force:a\n17:43:29 END force:a rc=0 seconds=600\n"
+           "17:43:29 START b\n")
+    (t / "fresh_clone.log").write_text(log)                       # b never ended: not a complete rebuild
+    assert budget.full_rebuild(t, budget.stages(dvc)) is None
+    assert budget.stage_seconds(t, budget.stages(dvc))["a"][0] == 999.0
+    (t / "fresh_clone.log").write_text(log + "17:53:29 END b rc=0 seconds=1200\n")
+    assert budget.full_rebuild(t, budget.stages(dvc)) == {"steps": {"setup": 240.0, "a": 600.0, "b": 1200.0},
+                                                         "total": 2040.0}
+    secs = budget.stage_seconds(t, budget.stages(dvc))
+    assert {s: v for s, (v, _) in secs.items()} == {"a": 600.0, "b": 1200.0, "language_stability": 0.0}
+    text = budget.block(t, dvc)
+    assert "**Measured as one run, cpu profile: 34 minutes**" in text        # (240 + 600 + 1200) / 60 = 34
+    assert "`make setup` (4.0 min)" in text and "stages 30 minutes" in text and "not timed as one run" not in text
+    (t / "fresh_clone.log").write_text(log.replace("START b", "START c") + "17:53:29 END c rc=0 seconds=1200\n")
+    assert budget.full_rebuild(t, budget.stages(dvc)) is None          # stage b has no step of its own
+    (t / "fresh_clone.log").write_text(log + "17:53:29 END b rc=2 seconds=1200\n")
+    assert budget.full_rebuild(t, budget.stages(dvc)) is None          # a failed step
