@@ -33,23 +33,32 @@ class Step:
 
 
 def parse(text: str) -> list[Step]:
-    """The steps of a log, in the order they started; lines that are neither START nor END are ignored."""
-    started: dict[str, str] = {}
-    order: list[str] = []
-    ended: dict[str, tuple[int, int]] = {}
+    """The steps of a log, one entry per attempt, in the order they started; lines that are neither START nor END
+    are ignored. A step may start again only after an attempt that failed (rc ≠ 0: stopped or crashed): the run
+    goes on from there, and only the last attempt counts (:func:`counted`)."""
+    attempts: list[list] = []                   # [name, start, seconds, rc]
+    last: dict[str, int] = {}
     for line in text.splitlines():
         if m := _START.match(line.strip()):
-            if m[2] in started:
-                raise ValueError(f"step {m[2]!r} started twice in the log; time one run per log")
-            started[m[2]] = m[1]
-            order.append(m[2])
+            if m[2] in last:
+                prev = attempts[last[m[2]]]
+                if prev[3] is None or prev[3] == 0:
+                    raise ValueError(f"step {m[2]!r} started twice in the log; time one run per log")
+            last[m[2]] = len(attempts)
+            attempts.append([m[2], m[1], None, None])
         elif m := _END.match(line.strip()):
-            if m[2] not in started:
+            if m[2] not in last:
                 raise ValueError(f"step {m[2]!r} ends in the log but never started")
-            ended[m[2]] = (int(m[3]), int(m[4]))
-    if not order:
+            attempts[last[m[2]]][2:] = [int(m[4]), int(m[3])]
+    if not attempts:
         raise ValueError("the log has no 'HH:MM:SS START <step>' line: is it a benchmarks/timed_repro.sh log?")
-    return [Step(n, started[n], *(ended[n][::-1] if n in ended else (None, None))) for n in order]
+    return [Step(*a) for a in attempts]
+
+
+def counted(steps: list[Step]) -> list[Step]:
+    """The last attempt of every step (what the run consists of), in the order the steps first started."""
+    last = {s.name: s for s in steps}
+    return list({s.name: last[s.name] for s in steps}.values())
 
 
 def stage_times(text: str) -> list[tuple[str, float]]:
@@ -58,26 +67,38 @@ def stage_times(text: str) -> list[tuple[str, float]]:
 
 
 def complete(steps: list[Step]) -> bool:
-    return all(s.rc == 0 and s.seconds is not None for s in steps)
+    return all(s.rc == 0 and s.seconds is not None for s in counted(steps))
 
 
 def markdown(steps: list[Step], *, commit: str | None = None, note: str | None = None,
              stages: list[tuple[str, float]] = ()) -> str:
-    """The report: one row per step, the total only when every step ended with rc 0; ``stages``: the
-    notebook stages' own times inside the steps (a second table)."""
-    rows = [f"| {s.name} | {s.start} | " + ("did not end" if s.seconds is None else
-            f"{s.seconds / 60:.1f}" + ("" if s.rc == 0 else f" (failed, rc {s.rc})")) + " |" for s in steps]
-    done = sum(s.seconds or 0 for s in steps)
-    head = (f"**Fresh clone, `make setup` + every stage: {done / 60:.0f} minutes** (sum of the steps below)."
+    """The report: one row per attempt, the total (of the counted attempts) only when every step's last attempt
+    ended with rc 0; an attempt that failed and was re-run is listed and its time stated, not counted;
+    ``stages``: the notebook stages' own times inside the steps (a second table)."""
+    keep = {id(s) for s in counted(steps)}
+
+    def row(s: Step) -> str:
+        if s.seconds is None:
+            return f"| {s.name} | {s.start} | did not end |"
+        if id(s) not in keep:
+            return f"| {s.name} | {s.start} | {s.seconds / 60:.1f} (stopped, rc {s.rc}; re-run below, not counted) |"
+        return f"| {s.name} | {s.start} | {s.seconds / 60:.1f}" + ("" if s.rc == 0 else f" (failed, rc {s.rc})") + " |"
+
+    final = counted(steps)
+    done = sum(s.seconds or 0 for s in final)
+    dropped = [s for s in steps if id(s) not in keep]
+    head = (f"**Fresh clone, `make setup` + every stage: {done / 60:.0f} minutes** (sum of the steps below"
+            + (", " + ", ".join(f"not counting the stopped attempt of {s.name} ({s.seconds / 60:.0f} min)"
+                                for s in dropped) if dropped else "") + ")."
             if complete(steps) else
-            f"**Incomplete run**: {sum(s.seconds is not None and s.rc == 0 for s in steps)} of {len(steps)} steps "
+            f"**Incomplete run**: {sum(s.seconds is not None and s.rc == 0 for s in final)} of {len(final)} steps "
             f"finished ({done / 60:.0f} minutes so far); no total is claimed.")
     lines = [head, ""]
     if commit:
         lines += [f"Commit: `{commit}`.", ""]
     if note:
         lines += [note, ""]
-    lines += ["| step | started (UTC) | minutes |", "|---|---|---|", *rows]
+    lines += ["| step | started (UTC) | minutes |", "|---|---|---|", *map(row, steps)]
     if stages:
         lines += ["", "Inside the steps, each notebook stage's own time:", "", "| stage | minutes |", "|---|---|",
                   *(f"| {n} | {t / 60:.1f} |" for n, t in stages)]

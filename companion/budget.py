@@ -59,14 +59,17 @@ def stages(dvc_yaml: str | Path = REPO_ROOT / "dvc.yaml") -> list[str]:
 
 def full_rebuild(timings: str | Path, names: list[str], skipped: dict[str, str] | None = None) -> dict | None:
     """The complete timed fresh-clone rebuild of rule 0 (module docstring) as ``{"steps": {step: seconds},
-    "total": seconds}``, or None when ``fresh_clone.log`` is absent, has a step that failed or never ended, or
+    "total": seconds, "stopped": {step: seconds}}`` (``stopped``: attempts that failed and were run again in the
+    same log, not counted), or None when ``fresh_clone.log`` is absent, has a step that failed or never ended, or
     leaves a stage the profile runs (``names`` less ``skipped``) without a step of its own."""
     log = Path(timings) / "fresh_clone.log"
     if not log.is_file():
         return None
-    started, ended = [], {}
+    started, ended, stopped = [], {}, {}
     for line in log.read_text().splitlines():
         if m := _STEP_START.match(line.strip()):
+            if m[1] in ended and ended[m[1]][0] != 0:        # a failed attempt, run again: not counted
+                stopped[m[1].removeprefix("force:")] = ended.pop(m[1])[1]
             started.append(m[1])
         elif m := _STEP_END.match(line.strip()):
             ended[m[1]] = (int(m[2]), float(m[3]))
@@ -76,7 +79,7 @@ def full_rebuild(timings: str | Path, names: list[str], skipped: dict[str, str] 
     skipped = cpu_skipped() if skipped is None else skipped
     if any(n not in secs for n in names if n not in skipped):
         return None
-    return {"steps": secs, "total": sum(secs.values())}
+    return {"steps": secs, "total": sum(secs.values()), "stopped": stopped}
 
 
 def stage_seconds(timings: str | Path, names: list[str],
@@ -128,7 +131,9 @@ def block(timings: str | Path = REPO_ROOT / "reports" / "timings", dvc_yaml: str
             f"**Measured as one run, cpu profile: {rebuild['total'] / 60:.0f} minutes** — a fresh clone's "
             + (f"`make setup` ({setup / 60:.1f} min) and then " if setup is not None else "")
             + f"every stage, each rebuilt (`dvc repro -f -s <stage>`, one after another; stages {total / 60:.0f} "
-            "minutes), on the 2-core machine (`benchmarks/timed_repro.sh`; log `reports/timings/fresh_clone.log`).",
+            "minutes), on the 2-core machine (`benchmarks/timed_repro.sh`; log `reports/timings/fresh_clone.log`)"
+            + "".join(f"; not counted: a stopped attempt of `{n}` ({v / 60:.0f} min), re-run in the same run after the "
+                      "change the log states" for n, v in rebuild["stopped"].items()) + ".",
             "", "| stage | minutes | measured on |", "|---|---|---|", *rows, README_END])
     lines = [README_BEGIN,
              f"**Per stage, cpu profile: {total / 60:.0f} minutes in all** (the sum of the stages' own times below, "

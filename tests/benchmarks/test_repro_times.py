@@ -52,3 +52,19 @@ def test_stage_times_from_the_pipeline_output():
     assert stages == [("toy", 4.4), ("vision", 1026.1)]
     md = rt.markdown(rt.parse(LOG), stages=stages)
     assert "| vision | 17.1 |" in md and "| toy | 0.1 |" in md
+
+
+def test_a_failed_step_run_again_counts_once_and_its_stopped_attempt_is_shown():
+    log = LOG.replace("END repro rc=0 seconds=3600", "END repro rc=143 seconds=1200\n"
+                      "08:00:41 at def update: a line that is not a step\n08:00:41 START repro\n"
+                      "09:00:41 END repro rc=0 seconds=3600")
+    steps = rt.parse(log)
+    assert [(s.name, s.rc) for s in steps] == [("setup", 0), ("language_train", 0), ("repro", 143), ("repro", 0)]
+    assert [s.seconds for s in rt.counted(steps)] == [111, 2400, 3600] and rt.complete(steps)
+    md = rt.markdown(steps)
+    assert f"{(111 + 2400 + 3600) / 60:.0f} minutes" in md and "stopped attempt of repro (20 min)" in md
+    assert "| repro | 07:40:40 | 20.0 (stopped, rc 143; re-run below, not counted) |" in md
+    assert "| repro | 08:00:41 | 60.0 |" in md
+    with pytest.raises(ValueError, match="started twice"):                   # a step that succeeded
+        rt.parse(LOG + "09:00:00 START repro\n")
+    assert not rt.complete(rt.parse(log.rsplit("\n", 2)[0]))                 # the re-run did not end

@@ -44,7 +44,7 @@ def test_a_complete_timed_rebuild_is_the_source_and_its_total_is_stated(tmp_path
     assert budget.stage_seconds(t, budget.stages(dvc))["a"][0] == 999.0
     (t / "fresh_clone.log").write_text(log + "17:53:29 END b rc=0 seconds=1200\n")
     assert budget.full_rebuild(t, budget.stages(dvc)) == {"steps": {"setup": 240.0, "a": 600.0, "b": 1200.0},
-                                                         "total": 2040.0}
+                                                         "total": 2040.0, "stopped": {}}
     secs = budget.stage_seconds(t, budget.stages(dvc))
     assert {s: v for s, (v, _) in secs.items()} == {"a": 600.0, "b": 1200.0, "language_stability": 0.0}
     text = budget.block(t, dvc)
@@ -54,3 +54,9 @@ def test_a_complete_timed_rebuild_is_the_source_and_its_total_is_stated(tmp_path
     assert budget.full_rebuild(t, budget.stages(dvc)) is None          # stage b has no step of its own
     (t / "fresh_clone.log").write_text(log + "17:53:29 END b rc=2 seconds=1200\n")
     assert budget.full_rebuild(t, budget.stages(dvc)) is None          # a failed step
+    retried = log.replace("17:43:29 START b\n", "17:43:29 START b\n17:50:00 END b rc=143 seconds=391\n"
+                          "17:50:01 at def update: b stopped\n17:50:01 START b\n18:10:01 END b rc=0 seconds=1200\n")
+    (t / "fresh_clone.log").write_text(retried)
+    assert budget.full_rebuild(t, budget.stages(dvc)) == {"steps": {"setup": 240.0, "a": 600.0, "b": 1200.0},
+                                                         "total": 2040.0, "stopped": {"b": 391.0}}
+    assert "not counted: a stopped attempt of `b` (7 min)" in budget.block(t, dvc)
