@@ -1,10 +1,13 @@
-"""dvc.yaml lists every project module each stage imports (transitively), so a code change re-runs it.
+"""dvc.yaml lists what each stage's numbers depend on: its own code and the library's behaviour.
 
 For each stage: the modules named by its command (``python -m pkg.mod``; for
 ``python -m companion.pipeline <stage>`` also the code cells of
 ``notebooks/<stage>.ipynb``), then, with ``ast``, every import of a project
 module (``hideseek.*``, ``companion.*``, relative imports included) followed
-transitively. Each such file must be a ``deps:`` entry or lie below one.
+transitively. Each companion file must be a ``deps:`` entry or lie below one; no
+``hideseek/`` file may be one: the stage lists instead the behaviour files
+(``reports/behaviour/<path>.json``, :mod:`companion.behaviour`) of the library
+names its code refers to (``companion.behaviour.USES``).
 """
 from __future__ import annotations
 
@@ -76,6 +79,25 @@ def closure(seeds: set[str], extra_trees: list[ast.AST] = ()) -> set[Path]:
     return files
 
 
+def library_names(files: set[Path], extra_trees: list[ast.AST] = ()) -> set[str]:
+    """The names of :mod:`hideseek` that ``files`` and ``extra_trees`` refer to: names imported from a
+    hideseek module, the last part of a hideseek module's name, and ``hs.<name>`` attributes."""
+    names: set[str] = set()
+    trees = [ast.parse(f.read_text(), filename=str(f)) for f in files if f.parts[len(ROOT.parts)] != "hideseek"]
+    for tree in [*trees, *extra_trees]:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hideseek":
+                names.update(a.name for a in node.names)
+                names.update(node.module.split(".")[1:])
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == "hideseek":
+                        names.update(a.name.split(".")[1:])
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "hs":
+                names.add(node.attr)
+    return names
+
+
 def notebook_trees(path: Path) -> list[ast.AST]:
     nb = json.loads(path.read_text())
     trees = []
@@ -112,18 +134,60 @@ def covered(path: Path, deps: list[str]) -> bool:
     return any(rel == Path(d) or Path(d) in rel.parents for d in deps)
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_stage_lists_every_imported_project_file(name):
-    stage = STAGES[name]
+def stage_scan(stage: dict) -> tuple[set[Path], set[str], list[Path]]:
+    """``(project files the stage imports, hideseek names its code refers to, its notebooks)``."""
     modules, notebooks = stage_sources(stage)
-    deps = [str(d) for d in stage.get("deps", [])]
-    for nb in notebooks:
-        assert covered(nb, deps), f"stage {name}: dvc.yaml deps lack {nb.relative_to(ROOT)}"
     trees = [t for nb in notebooks for t in notebook_trees(nb)]
     files = closure(modules, trees)
+    return files, library_names(files, trees), notebooks
+
+
+BEHAVIOUR_PREFIX = "reports/behaviour/"
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_stage_lists_every_imported_project_file(name):
+    from companion.behaviour import PATHS, USES, paths_for
+
+    stage = STAGES[name]
+    deps = [str(d) for d in stage.get("deps", [])]
+    if name == "behaviour":
+        assert stage.get("always_changed") is True and not [d for d in deps if d.startswith("hideseek")], stage
+        return
+    files, names, notebooks = stage_scan(stage)
+    for nb in notebooks:
+        assert covered(nb, deps), f"stage {name}: dvc.yaml deps lack {nb.relative_to(ROOT)}"
     assert files, f"stage {name}: found no project module in {stage['cmd']!r}"
-    missing = sorted(str(f.relative_to(ROOT)) for f in files if not covered(f, deps))
+    source = [d for d in deps if d.split("/")[0] == "hideseek"]
+    assert not source, (f"stage {name}: depends on library source {source}; depend on its behaviour "
+                        f"(reports/behaviour/<path>.json) instead")
+    missing = sorted(str(f.relative_to(ROOT)) for f in files
+                     if f.relative_to(ROOT).parts[0] != "hideseek" and not covered(f, deps))
     assert not missing, f"stage {name}: dvc.yaml deps lack {missing}"
+    need = {f"{BEHAVIOUR_PREFIX}{p}.json" for p in paths_for(names)}
+    assert not need - set(deps), f"stage {name}: dvc.yaml deps lack the behaviour files {sorted(need - set(deps))}"
+    listed = {d for d in deps if d.startswith(BEHAVIOUR_PREFIX)}
+    unknown = sorted(d for d in listed if d[len(BEHAVIOUR_PREFIX):-len(".json")] not in PATHS)
+    assert not unknown, f"stage {name}: behaviour files no path writes: {unknown}"
+    assert listed == need, f"stage {name}: behaviour files its code does not use: {sorted(listed - need)}"
+
+
+def test_every_library_name_a_stage_uses_has_a_behaviour_path():
+    """A hideseek name a stage's code calls must map to the paths that fingerprint it (or come from a
+    module that does, e.g. ``open_clip_finetune``'s constants); a new one fails here, naming it."""
+    from companion.behaviour import USES
+
+    for name, stage in STAGES.items():
+        if name == "behaviour":
+            continue
+        files, names, notebooks = stage_scan(stage)
+        modules = {"curvature", "geometry", "gl", "metrics", "measures", "problem", "solvers", "apgd", "symmetries",
+                   "utils", "relative_flatness", "open_clip_finetune", "optim", "sharpness", "zoo"}
+        clip = {"CheckpointError", "ClipClassifier", "NUM_CLASSES", "VIT_B32", "build_clip_classifier",
+                "infer_vision_config", "load_clip_finetune", "split_state_dict"}
+        unmapped = sorted(n for n in names - set(USES) - modules if not (n in clip and "open_clip_finetune" in names))
+        assert not unmapped, (f"stage {name}: hideseek names {unmapped} have no behaviour path; add them to "
+                              f"companion.behaviour.USES (and a path that computes their numbers)")
 
 
 def test_the_scanner_follows_relative_and_package_imports():
