@@ -93,6 +93,8 @@ class SAM(torch.optim.Optimizer):
     on_unsupported:
         ``"raise"`` or ``"adaptive"``, as in :func:`hideseek.find_symmetries`.
 
+    Notes
+    -----
     Parameters that do not require gradients, are not in the base optimizer, or have no
     ``.grad`` at :meth:`first_step` are neither perturbed nor counted in the norm; a pair
     with such a parameter is dropped for that step (its other weights join the free part).
