@@ -256,6 +256,7 @@ def generate(root: Path = ROOT, out: Path = SRC) -> list:
 
     shutil.copy2(root / BUDGET, comp / "budget.md")
     nav.append({"Budget": "companion/budget.md"})
+    nav.append({"Profiles and parameters": "profiles.md"})
     _pipeline_page(root, comp / "pipeline.md")
     nav.append({"Pipeline": "companion/pipeline.md"})
     _commits_page(root, provs.values(), comp / "commits.md")
@@ -283,7 +284,8 @@ def _index_page(root: Path, provs: dict, nb_nav: list, path: Path) -> None:
         "* [Every figure with its provenance](figures/index.md)",
         "* [Pre-registrations](preregistration/index.md) and [pilots](pilots/index.md)",
         "* [The budget: a timed fresh-clone `make repro`](budget.md)",
-        "* [The pipeline: each stage's command and locked parameters](pipeline.md)", "",
+        "* [The pipeline: each stage's command and locked parameters](pipeline.md)",
+        "* [Profiles, changing a parameter, and notes on each row of Table 1](../profiles.md)", "",
     ]
     path.write_text("\n".join(lines), encoding="utf-8")
 
