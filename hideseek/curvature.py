@@ -80,9 +80,7 @@ class TraceEstimate:
     >>> import torch, hideseek as hs
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
-    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> H = hs.EuclideanHessian(model, [batch], loss_fn=mse)
     >>> t = H.trace()                                                 # exact: one product per dimension
     >>> t.method, t.n_matvecs, t.stderr
@@ -217,8 +215,7 @@ class RiemannianHessian:
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> trace = lambda: hs.RiemannianHessian(model, [batch], "geodesic_invariant", loss_fn=mse,
     ...                                      pairs=[pair]).trace().value     # exact: 10 products
     >>> euclid = lambda: hs.EuclideanHessian(model, [batch], loss_fn=mse).trace().value
@@ -596,9 +593,7 @@ class EuclideanHessian(RiemannianHessian):
     >>> import torch, hideseek as hs
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
-    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> H = hs.EuclideanHessian(model, [batch], loss_fn=mse)
     >>> def loss(flat):                                               # the same loss of the 10 weights
     ...     W0, W1 = flat[:6].reshape(2, 3), flat[6:].reshape(2, 2)

@@ -66,8 +66,7 @@ class SharpnessResult:
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> res = hs.sharpness(model, [batch, batch], "geodesic_mixed", rho=0.1, n_iters=5, loss_fn=mse,
     ...                    pairs=[pair], progress=False)
     >>> len(res.per_batch), res.value == sum(res.per_batch) / 2       # the mean over the batches
@@ -548,9 +547,7 @@ class SharpnessProblem:
     >>> import torch, hideseek as hs
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
-    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> problem = hs.SharpnessProblem(model, [batch], "m_apgd_l2", rho=0.05, n_iters=5, loss_fn=mse,
     ...                              progress=False)
     >>> direct = hs.sharpness(model, [batch], "m_apgd_l2", rho=0.05, n_iters=5, loss_fn=mse, progress=False)

@@ -61,9 +61,7 @@ class RhoSuggestion:
     >>> import torch, hideseek as hs
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
-    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> s = hs.suggest_rho(model, [batch], "m_apgd_l2", loss_fn=mse, progress=False)
     >>> s.rule, s.measure
     ('loss', 'm_apgd_l2')
@@ -98,8 +96,7 @@ def suggest_rho(model: nn.Module, batches: Iterable, measure: Measure | str = Me
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> s = hs.suggest_rho(model, [batch], "geodesic_invariant", loss_fn=mse, pairs=[pair], progress=False)
     >>> loss = mse(model(batch[0]), batch[1]).item()
     >>> abs(s.target - 0.1 * loss) < 1e-6                            # rule "loss": sharpness = 0.1 × L(θ)

@@ -173,8 +173,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> kw = dict(rho=0.1, n_iters=5, loss_fn=mse, pairs=[pair], progress=False)
     >>> before = hs.sharpness(model, [batch], "geodesic_invariant", **kw).value
     >>> A = torch.tensor([[2.0, 1.0], [0.0, 0.5]])                  # a group element of GL(2), by hand

@@ -151,8 +151,7 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> other = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> kw = dict(rho=0.1, n_iters=5, loss_fn=mse, pairs=[pair], progress=False)
     >>> zoo = hs.sharpness_zoo([model, other], [batch], "geodesic_invariant", **kw)

@@ -317,8 +317,7 @@ class ProductGeometry:
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> params = {n: p.detach() for n, p in model.named_parameters()}
     >>> geo = hs.ProductGeometry(params, [pair.bind(params)], metric="invariant")
     >>> G, H = params["1.weight"][None], params["0.weight"].T[None]   # the pair's stacks (B, n, h), (B, m, h)

@@ -40,9 +40,7 @@ class SolverStep:
     >>> import torch, hideseek as hs
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
-    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> steps = []
     >>> res = hs.sharpness(model, [batch], "m_apgd_l2", rho=0.1, n_iters=5, loss_fn=mse, progress=False,
     ...                    callback=steps.append)
@@ -84,9 +82,7 @@ class SolverResult:
     >>> import torch, hideseek as hs
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
-    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> res = hs.sharpness(model, [batch], "m_apgd_l2", rho=0.1, n_iters=5, loss_fn=mse, progress=False)
     >>> s = res.solver[0]                                            # one SolverResult per batch
     >>> abs(s.value - res.per_batch[0]) < 1e-12, s.value == max(s.history) - s.f0

@@ -529,8 +529,7 @@ class FactorPair(_UserPair):
     >>> _ = torch.manual_seed(0)
     >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
     >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
-    >>> batch = (torch.randn(16, 3), torch.randn(16, 2))
-    >>> mse = torch.nn.functional.mse_loss
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
     >>> block = pair.bind(dict(model.named_parameters()))
     >>> block                                                         # G = W₁ (2 × 2), H = W₀ᵀ (3 × 2)
     FactorPair('1.weight~0.weight'; factor: 1×GL(2) G2×2 H3×2)
