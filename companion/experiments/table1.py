@@ -133,6 +133,39 @@ def collect_lines(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, An
     return out
 
 
+#: what Table 1 shows under the MiniLM and vision rows before the stage ``ablations`` has run (no ablations.json)
+ABLATIONS_PENDING = "not computed: the stage ablations has not run yet (dvc repro ablations)"
+_ABLATION_ROWS = {"minilm": "language", "vision": "vision"}
+_ABLATION_TITLES = ("no Christoffel term (metric norm, straight step)",
+                    "no metric norm (Christoffel only: second-order step in the adaptive ball)",
+                    "ε sweep (invariant metric)")
+
+
+def pending_ablations(stages: Any = tuple(_ABLATION_ROWS)) -> list[dict[str, Any]]:
+    """The stage ``ablations``'s lines, each "not computed" (its metrics file does not exist yet), for the rows whose
+    zoo stage is among ``stages`` (a row whose own stage has not published has no ablations to wait for)."""
+    return [dict(row=row, name=name, stage="ablations", family="ablation", exploratory=True, primary=False,
+                 variant=f"ablation: {title} — exploratory; Δ columns against the full measure (not adaptive sharpness)"
+                         f"; {name} zoo", tau={m: None for m in MEASURES}, status=ABLATIONS_PENDING)
+            for name, row in _ABLATION_ROWS.items() if name in stages for title in _ABLATION_TITLES]
+
+
+def collect_ablations(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """The ablation lines of ``ablations.json`` (stage ``ablations``), grouped by Table 1 row; before that stage has
+    run (no file), its lines under the MiniLM and vision rows whose stages have published, with status "not computed"
+    (:func:`pending_ablations`)."""
+    path = Path(metrics_dir) / "ablations.json"
+    published = {p.stem for p in Path(metrics_dir).glob("*.json")}
+    data = read_metrics(path) if path.is_file() else {"table1_lines": pending_ablations(published), "profile": "–"}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in data.get("table1_lines", []):
+        if e.get("row") not in _OURS:
+            raise ValueError(f"{path}: ablation line row {e.get('row')!r} is not one of {list(_OURS)}")
+        e = {k: v for k, v in e.items() if not (k == "setting" and not v)}
+        out.setdefault(e["row"], []).append({**e, "profile": data.get("profile", "?"), "stage": "ablations"})
+    return out
+
+
 def _line_delta(e: dict[str, Any]) -> dict[str, Any] | None:
     """A geometry line's Δτ in the form :func:`_delta_columns` reads (None without one)."""
     if not e.get("delta_tau"):
@@ -184,6 +217,31 @@ def geometry_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]
                 pw = d["power"][g]
                 deltas.append(f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}]"
                               + (f" · power {pw:.2f}" if isinstance(pw, float) and not math.isnan(pw) else ""))
+            out.append(f"| {e.get('setting') or row['ours']} | {e['variant']} | {e.get('n_models', '–')} | "
+                       + " | ".join(_line_cell(e, m) for m in MEASURES) + " | " + " | ".join(deltas) + " |")
+    return out
+
+
+def ablation_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """``table1.md``'s table of the ablation lines (exploratory) with their Δτ against the full measure."""
+    if not lines_by_row:
+        return []
+    out = ["", "## Ablations (exploratory, stage ablations)", "",
+           "The paper's Appendix G and H.2 on the rows' zoos, pre-registered in `reports/preregistration/ablations.md` "
+           "before their values: each metric with its Christoffel term turned off (metric norm, straight step) or its "
+           "metric norm turned off (second-order step in the adaptive ball), and the ε relaxation of the invariant "
+           "metric, on a declared subset of each row's batches. τ in the column of the line's metric; Δ = "
+           "sign(paper's τ) · (τ line − τ full measure) against the full measure of the same metric, paired over the "
+           "same members and batches (Δ < 0: the ablated measure tracks the gap less well) — these Δ are not against "
+           "adaptive sharpness.", "",
+           "| setting | line | models | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " | "
+           + " | ".join(f"Δ vs full, {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
+           "|---|---|---|" + "---|" * (len(MEASURES) + len(GEODESIC))]
+    for row in PAPER_ROWS:
+        for e in lines_by_row.get(row["row"], []):
+            d = _line_delta(e)
+            deltas = ["–" if d is None or d["delta"][g] in ("", None) else
+                      f"{_fmt(d['delta'][g])} [{_fmt(d['ci'][g][0])}, {_fmt(d['ci'][g][1])}]" for g in GEODESIC]
             out.append(f"| {e.get('setting') or row['ours']} | {e['variant']} | {e.get('n_models', '–')} | "
                        + " | ".join(_line_cell(e, m) for m in MEASURES) + " | " + " | ".join(deltas) + " |")
     return out
@@ -379,6 +437,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     entries = collect(metrics_dir)
     deltas = collect_deltas(metrics_dir)
     geometry = collect_lines(metrics_dir)
+    ablation_lines = collect_ablations(metrics_dir)
     apply_roles(entries, deltas)
     records: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -408,7 +467,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             lines.append(f"| {row['ours']} | ours | – | – | – | – | – | "
                          + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
             records.append(_record(row, "ours", None, NOT_COMPUTED, deltas=deltas))
-        for e in geometry.get(row["row"], []):
+        for e in geometry.get(row["row"], []) + ablation_lines.get(row["row"], []):
             lines.append(f"| {e.get('setting') or row['ours']} ({e['variant']}) | ours | exploratory | {e['profile']} "
                          f"| {e.get('n_models', '–')} | {_rho_str(e.get('rho'))} | – | "
                          + " | ".join(_line_cell(e, m) for m in MEASURES) + " |")
@@ -428,6 +487,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
         lines += ["", NOT_RUN_HEAD, "", *not_run]
     lines += delta_section(metrics_dir, entries, deltas)
     lines += geometry_section(geometry)
+    lines += ablation_section(ablation_lines)
     if (retest := retest_note(metrics_dir)) is not None:
         lines += ["", "How much data the language row would need:", "", retest]
     lines.append("")

@@ -14,7 +14,7 @@ import pytest
 from tests import ROOT
 
 #: notebooks/<name>.ipynb under the notebook contract
-NOTEBOOKS = ["toy", "diagonal", "vision", "sam", "language", "geometry_lines"]
+NOTEBOOKS = ["toy", "diagonal", "vision", "sam", "language", "geometry_lines", "ablations"]
 #: companion modules whose functions are held to 80 lines: every module of the package
 MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "companion").rglob("*.py"))
 #: experiment modules that read their parameters through typed settings only: all of them
