@@ -271,7 +271,23 @@ def _delta_columns(row: dict[str, Any], source: str, d: dict[str, Any] | None,
         out[f"delta_tau_{g}_ci_high"] = d["ci"][g][1] if d else ""
         out[f"power_delta_{g}"] = d["power"][g] if d else ""
         out[f"verdict_delta_{g}"] = d["verdict"][g] if d else ""
+        out[f"mde_delta_{g}"] = _mde_csv(d, g)
     return out
+
+
+def _mde_csv(d: dict[str, Any] | None, g: str) -> Any:
+    """The minimum detectable Δ of a primary line (``paired``'s entry): a number, "not reached (power p at the largest
+    Δ)" where no Δ reaches 80 % power, "not computed: …" where the entry predates it, "" on other lines."""
+    if not d or "verdict" not in d or not d["verdict"].get(g):
+        return ""
+    if "mde" not in d:
+        return "not computed: re-run the stage paired"
+    m = d["mde"].get(g)
+    return m if m is not None else f"not reached (power {d['mde_power_max'][g]:.2f} at the largest Δ)"
+
+
+def _mde_str(v: Any) -> str:
+    return f"{v:+.2f}" if isinstance(v, (int, float)) else str(v)
 
 
 def _fmt(x: Any) -> str:
@@ -496,7 +512,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
 
 def _delta_cell(d: dict[str, Any], g: str) -> str:
     lo, hi = d["ci"][g]
-    return f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}] · power {d['power'][g]:.2f} · {d['verdict'][g]}"
+    return (f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}] · power {d['power'][g]:.2f} · {d['verdict'][g]} · "
+            f"MDE {_mde_str(_mde_csv(d, g))}")
 
 
 def delta_sentences(metrics_dir: str | os.PathLike, *, primary_only: bool = False) -> list[str]:
@@ -518,8 +535,9 @@ def delta_section(metrics_dir: str | os.PathLike, entries: dict[str, list[dict[s
     out = ["", "## Paired Δτ: is the geodesic measure the better predictor? (primary test, stage paired)", "",
            "Δ = sign(paper's τ) · (τ geodesic − τ adaptive) over the same members, positive when the geodesic "
            "measure tracks the gap more strongly in the paper's direction; paired bootstrap 95 % interval, power at "
-           "the paper's Δ with this zoo's reliabilities, and the verdict of the pre-registered rule "
-           "(`reports/preregistration/delta_tau.md`).", "",
+           "the paper's Δ with this zoo's reliabilities, the verdict of the pre-registered rule "
+           "(`reports/preregistration/delta_tau.md`), and the minimum detectable Δ (MDE: the smallest error-free Δ "
+           "this row's members and reliabilities find with 80 % power).", "",
            "| setting | source | comparison | models | " + " | ".join(f"Δ {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
            "|---|---|---|---|" + "---|" * len(GEODESIC)]
     for row in PAPER_ROWS:
@@ -604,7 +622,8 @@ def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
         return []
     out = ["", "Paired Δτ = sign(paper's τ) · (τ geodesic − τ adaptive) over the same members (> 0: the geodesic "
                "measure is the better predictor in the paper's direction; the primary test of the paper's claim, "
-               "pre-registered in `reports/preregistration/delta_tau.md`):", "",
+               "pre-registered in `reports/preregistration/delta_tau.md`; MDE: the smallest Δ the row detects with "
+               "80 % power):", "",
            "| setting | source | comparison | models | Δ geodesic, invariant | Δ geodesic, mixed |",
            "|---|---|---|---|---|---|"]
     for r in keep:
@@ -613,11 +632,20 @@ def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
             c = f"{float(r[f'delta_tau_{g}']):+.2f}"
             if r[f"delta_tau_{g}_ci_low"]:
                 c += (f" [{float(r[f'delta_tau_{g}_ci_low']):+.2f}, {float(r[f'delta_tau_{g}_ci_high']):+.2f}]"
-                      f" · power {float(r[f'power_delta_{g}']):.2f} · {r[f'verdict_delta_{g}']}")
+                      f" · power {float(r[f'power_delta_{g}']):.2f} · {r[f'verdict_delta_{g}']}"
+                      + (f" · MDE {_mde_str(_number(r[f'mde_delta_{g}']))}" if r.get(f"mde_delta_{g}") else ""))
             cells.append(c)
         n = r["n_models"] or (str(paper.TABLE1_N_MODELS[r["row"]]) if r["source"] == "paper" else "–")
         out.append(f"| {r['setting']} | {r['source']} | {r['comparison'] or '–'} | {n} | " + " | ".join(cells) + " |")
     return out
+
+
+def _number(v: str) -> Any:
+    """A CSV cell back to a number where it is one (the MDE column holds numbers or a reason)."""
+    try:
+        return float(v)
+    except ValueError:
+        return v
 
 
 def _csv_cell(r: dict[str, str], m: str) -> str:
