@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from companion import paper
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- findings:begin (python -m companion.findings --readme README.md) -->"
 END = "<!-- findings:end -->"
 #: where the block goes in a README that has none yet (before this heading; else at the end)
@@ -40,6 +41,33 @@ LINKS = [("the protocol and every pre-registration", "reports/preregistration/")
          ("Table 1 in full, with the exploratory, ablation and superseded lines", "reports/table1.md"),
          ("every executed notebook with its own findings", "reports/notebooks/"),
          ("the figures of every stage, the paper's ablations included", "reports/figures/")]
+
+
+#: the paper's figures and table (arXiv numbering, the camera-ready's where it differs), what each shows, the files that
+#: rebuild them (every profile writes the same paths, labelled with its profile) and the stage that writes them
+FIGURE_MAP = [
+    ("Figure 1", "scalar toy model: loss, Euclidean and Riemannian gradient norm", ["reports/figures/toy/fig1_toy_gradients.png"], "toy"),
+    ("Figure 3", "diagonal networks: test loss against the three measures", ["reports/figures/diagonal/fig3_diagonal.png"], "diagonal"),
+    ("Figure 4", "vision transformers: gap against the three measures", ["reports/figures/vision/fig4_vision.png"], "vision"),
+    ("Figure 5", "language transformers: gap against the three measures", ["reports/figures/ablations/fig5_language.png"], "ablations"),
+    ("Figure 6 (camera-ready 8)", "scalar toy model: Euclidean and Riemannian Hessian trace", ["reports/figures/toy/fig6_toy_hessian.png"], "toy"),
+    ("camera-ready Figure 6", "language zoo: gap against relative flatness", ["reports/figures/ablations/relative_flatness.png"], "ablations"),
+    ("camera-ready Figure 7", "orbit invariance: each measure along a symmetry orbit", ["reports/figures/ablations/orbit_invariance.png"], "ablations"),
+    ("Figure 7 (camera-ready 9)", "ablations, invariant metric", ["reports/figures/ablations/fig7_minilm.png", "reports/figures/ablations/fig7_vision.png"], "ablations"),
+    ("Figure 8 (camera-ready 10)", "ablations, mixed metric", ["reports/figures/ablations/fig8_minilm.png", "reports/figures/ablations/fig8_vision.png"], "ablations"),
+    ("Figure 9 (camera-ready 11)", "ε relaxation sweep", ["reports/figures/ablations/fig9_eps.png"], "ablations"),
+    ("Table 1", "Kendall τ per row and measure, paper beside ours", ["reports/table1.md", "reports/table1.csv"], "table1"),
+]
+
+
+def figure_map(root: str | Path = REPO_ROOT) -> list[str]:
+    """Every paper figure and Table 1 with the files that rebuild them, and whether they are built."""
+    out = ["| paper | what | file (every profile writes it, labelled) | status |", "|---|---|---|---|"]
+    for label, what, files, stage in FIGURE_MAP:
+        built = all((Path(root) / f).is_file() for f in files)
+        status = "built" if built else f"not built yet: `dvc repro {stage}`"
+        out.append(f"| {label} | {what} | " + ", ".join(f"`{f}`" for f in files) + f" | {status} |")
+    return out
 
 
 def _num(v: str) -> float | None:
@@ -177,8 +205,9 @@ def sentence(theirs: dict[str, str], ours: dict[str, str], metrics_dir: Path) ->
     return f"* **{name}** ({ours['n_models']} models): {shows}. Caveat: {caveat(theirs, ours, metrics_dir)}."
 
 
-def block(table_csv: str | Path = "reports/table1.csv", metrics_dir: str | Path = "reports/metrics") -> str:
-    """The README's findings block (markers included)."""
+def block(table_csv: str | Path = "reports/table1.csv", metrics_dir: str | Path = "reports/metrics",
+          root: str | Path = REPO_ROOT) -> str:
+    """The README's findings block (markers included); ``root``: the checkout whose figures the map looks for."""
     rows = read_table(table_csv)
     pairs = primary_lines(rows)
     lines = [BEGIN, "", f"![Paired Δτ: is geodesic sharpness the better predictor of the gap?]({FIGURE})", "",
@@ -189,6 +218,7 @@ def block(table_csv: str | Path = "reports/table1.csv", metrics_dir: str | Path 
              "ours:", "",
              *table(pairs), ""]
     lines += [sentence(theirs, ours, Path(metrics_dir)) for theirs, ours in pairs]
+    lines += ["", "Where each of the paper's figures is rebuilt:", "", *figure_map(root)]
     lines += ["", "More in `reports/`: " + "; ".join(f"{what} (`{path}`)" for what, path in LINKS) + ".", "", END]
     return "\n".join(lines)
 

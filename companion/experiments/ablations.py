@@ -285,6 +285,8 @@ def measure_row(name: str, spec: RowSpec, s: Settings, *, progress: bool = True,
                 names: Sequence[str] | None = None) -> RowResult:
     """Check the published values, measure every member of a row on the chosen batches and compute its lines
     (``source`` / ``names``: a zoo source and member names instead of the row's zoo, for tests)."""
+    if s.threads:
+        torch.set_num_threads(s.threads)      # the check below runs here, with the workers' thread count
     prot = gl.read_protocol(spec.stage, s.metrics_dir)
     pub = gl.read_published(spec.stage, prot.n_points // prot.batch_size, s.data_dir)
     src = gl.zoo_source(spec.stage, spec.zoo) if source is None else source
