@@ -59,8 +59,9 @@ from companion.experiments.glyphs import GlyphSpec, generate
 
 STAGE = "vision_train"
 TIMINGS = Path("reports/timings/vision_train.json")
-#: Random streams of the members (see the module docstring).
-STREAMS = {"main": 0, "pilot": 1}
+#: Random streams of the members (see the module docstring); ``minima_pilot``: the pilot of the fit criterion
+#: (:mod:`.vision_minima_pilot`, reports/preregistration/vision_minima.md).
+STREAMS = {"main": 0, "pilot": 1, "minima_pilot": 2}
 
 
 # --------------------------------------------------------------------------- settings
@@ -130,6 +131,7 @@ class VisionTrain:
     model: ViTConfig
     pretrain: Pretrain
     ranges: Ranges
+    warmup: float          # fraction of each member's fine-tuning steps with a linear learning-rate warm-up (0: none)
 
 
 def load_settings(profile: str | None = None, overrides=(), *, path=None) -> VisionTrain:
@@ -284,9 +286,32 @@ class Hparams:
     mixup_alpha: float
 
 
+def lr_factor(step: int, total: int, warmup_steps: int) -> float:
+    """The learning rate of optimiser step ``step`` (0-based) as a fraction of the drawn rate.
+
+    Steps ``0 .. warmup_steps - 1``: linear warm-up, ``(step + 1) / warmup_steps``; then a cosine decay
+    from 1 to 0 over the remaining ``total - warmup_steps`` steps. ``warmup_steps = 0``: the cosine decay over
+    all ``total`` steps, ``0.5 (1 + cos(pi step / total))`` (the recipe before the warm-up existed).
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    rest = max(1, total - warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup_steps, rest) / rest))
+
+
+def warmup_steps(warmup: float, total: int) -> int:
+    """The number of warm-up steps: ``round(warmup * total)``; ``warmup`` must lie in [0, 1)."""
+    if not 0.0 <= warmup < 1.0:
+        raise ValueError(f"warmup must be a fraction of the steps in [0, 1), got {warmup}")
+    return int(round(warmup * total))
+
+
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hp: Hparams, *, background: float,
-        seed: int) -> nn.Module:
+        seed: int, warmup: float = 0.0) -> nn.Module:
     """AdamW with a cosine learning-rate decay over all steps; deterministic given ``seed``.
+
+    ``warmup`` > 0: the first ``round(warmup * steps)`` steps warm the rate up linearly, and the cosine
+    decay runs over the rest (:func:`lr_factor`).
 
     ``hp.mixup_alpha > 0``: every batch is mixed with a permutation of itself, the weight
     drawn from Beta(alpha, alpha) (:func:`mixup_batch`, :func:`mixup_loss`).
@@ -296,7 +321,8 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hp: Hparams, *, back
     opt = torch.optim.AdamW(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     n = len(y)
     total = max(1, hp.epochs * math.ceil(n / hp.batch_size))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    n_warm = warmup_steps(warmup, total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, n_warm))
     model.train()
     for _ in range(hp.epochs):
         perm = torch.randperm(n, generator=gen)
@@ -428,7 +454,8 @@ def _train_one(task: tuple[str, int, Hparams, int, str]) -> tuple[dict, np.ndarr
     model.load_state_dict(_WORKER["init"])
     model.to(s.device)
     t0 = time.perf_counter()
-    fit(model, data.x_pool.to(s.device), data.y_pool.to(s.device), hp, background=data.background, seed=seed)
+    fit(model, data.x_pool.to(s.device), data.y_pool.to(s.device), hp, background=data.background, seed=seed,
+        warmup=s.warmup)
     seconds = time.perf_counter() - t0
     wrong = (predictions(model, data.x_test.to(s.device)).cpu() != data.y_test).numpy().astype(np.uint8)
     train_error = error_rate(model, data.x_pool.to(s.device), data.y_pool.to(s.device))
@@ -559,8 +586,8 @@ class GlyphZoo:
 
 
 def zoo_settings(meta: dict) -> VisionTrain:
-    """The settings a trained zoo recorded."""
-    return settings_from_mapping(VisionTrain, STAGE, "cpu", meta["settings"])
+    """The settings a trained zoo recorded (a zoo trained before the warm-up setting existed had none: 0)."""
+    return settings_from_mapping(VisionTrain, STAGE, "cpu", {"warmup": 0.0, **meta["settings"]})
 
 
 def load_member(config: ViTConfig, image_size: int, n_classes: int, file: str | Path, device: str = "cpu") -> GlyphViT:
