@@ -63,6 +63,7 @@ class VisionSettings:
     workers: int
     threads: int | None
     device: str
+    cpu_kernels: str | None               # CPU kernels pinned to this level (companion.kernels): checked on cpu
 
 
 @dataclass
@@ -269,7 +270,11 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     timing."""
     from companion import metrics as cm
 
+    from companion import kernels
+
     s = load_settings(profile, params)
+    if s.device == "cpu":   # the stage's command pins them (python -m companion.kernels vision -- ...)
+        kernels.check(s.cpu_kernels, "vision")
     out = Path(out_dir)
     for sub in ("figures", "metrics", "data"):
         (out / sub).mkdir(parents=True, exist_ok=True)

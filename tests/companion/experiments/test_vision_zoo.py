@@ -15,7 +15,7 @@ from tests import ROOT
 TINY = ["n_models=2", "workers=1", "threads=1", "data.n_train=60", "data.n_test=50", "data.spec.image_size=8",
         "data.spec.render=16", "model.width=8", "model.heads=2", "model.embed_dim=8", "model.patch_size=4",
         "pretrain.epochs=1", "pretrain.batch_size=32", "ranges.epochs=[1,1]", "ranges.batch_size=[16,32]",
-        "ranges.p_mixup=1.0"]
+        "ranges.p_mixup=1.0", "cpu_kernels=null"]   # the processor's own kernels (the pinned path: its own test)
 
 
 @pytest.fixture(scope="module")

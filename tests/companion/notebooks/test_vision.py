@@ -14,7 +14,7 @@ from companion.pipeline import REPO_ROOT, run_stage
 TRAIN = ["n_models=6", "workers=1", "threads=1", "data.n_train=64", "data.n_test=400", "data.spec.image_size=8",
          "data.spec.render=16", "model.width=8", "model.heads=2", "model.embed_dim=8", "model.patch_size=4",
          "model.layers=1", "pretrain.epochs=1", "pretrain.batch_size=32", "ranges.epochs=[1,3]",
-         "ranges.batch_size=[16]"]
+         "ranges.batch_size=[16]", "cpu_kernels=null"]
 MEASURES = {"adaptive": "m_apgd_l2", "geodesic_invariant": "geodesic_invariant", "geodesic_mixed": "geodesic_mixed"}
 
 
@@ -37,7 +37,7 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
                   rho={"adaptive": 0.2, "geodesic_invariant": 0.05, "geodesic_mixed": 0.05},
                   exploratory_rho={"adaptive": [0.1, 0.2], "geodesic_invariant": [0.05], "geodesic_mixed": [0.1]},
                   retest=True, max_train_error=0.5, n_boot=50, n_splits=20,
-                  power={"alpha": 0.05, "n_sim": 200, "seed": 0}, workers=1, threads=1, device="cpu")
+                  power={"alpha": 0.05, "n_sim": 200, "seed": 0}, workers=1, threads=1, device="cpu", cpu_kernels=None)
     reports = tmp_path / "reports"
     res = run_stage("vision", params=params, reports_dir=reports, progress_bar=False)
     figs = {p.name for p in res.figures}
