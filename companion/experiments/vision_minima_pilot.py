@@ -19,6 +19,9 @@ unaugmented: :func:`.vision_zoo.error_rate`, as the zoo records it) is at most `
 projected ``vision_train`` time (:func:`projection`) is within ``budget_minutes``. **The pilot computes train
 errors and CPU seconds only: no test error, no gap, no sharpness.**
 
+The pilot trains with the CPU kernels ``vision_train`` pins (the recipe's ``cpu_kernels``; the command restarts
+itself with them, :func:`companion.kernels.reexec`), so its train errors are the same on any x86-64 processor.
+
 ``python -m companion.experiments.vision_minima_pilot`` writes ``reports/pilots/vision_minima.json`` and the
 markdown generated from it; ``--render-only`` regenerates the markdown from the JSON.
 """
@@ -136,10 +139,12 @@ _WORKER: dict = {}
 
 
 def _init(s, state: dict) -> None:
+    from companion import kernels
     from hideseek.utils import set_threads
 
     set_threads(s.threads)
-    _WORKER.update(settings=s, data=_data(s), state=state)
+    kernels.check(s.cpu_kernels, "vision_minima_pilot")
+    _WORKER.update(settings=s, data=_data(s), state=state, kernels=kernels.cpu_kernels())
 
 
 def _train(task: tuple) -> dict:
@@ -154,7 +159,7 @@ def _train(task: tuple) -> dict:
     vz.fit(model, data.x_pool, data.y_pool, hp, background=data.background, seed=seed, warmup=s.warmup)
     cpu, wall = time.process_time() - t0, time.perf_counter() - w0
     return dict(name=name, train_error=vz.error_rate(model, data.x_pool, data.y_pool), cpu_seconds=cpu,
-                wall_seconds=wall)
+                wall_seconds=wall, kernels=_WORKER["kernels"])
 
 
 def train_members(s, state: dict, members: list[dict], workers: int) -> list[dict]:
@@ -218,6 +223,7 @@ def verdict(train_errors: list[float], stage_minutes: float, p: MinimaPilot) -> 
 
 def run(p: MinimaPilot, *, progress: bool = True) -> dict:
     """Try the candidates in order, stop at the first chosen; the report's content."""
+    from companion import kernels
     from companion.experiments import vision_zoo as vz
 
     timings = json.loads(Path(p.stage_timings).read_text())
@@ -234,6 +240,7 @@ def run(p: MinimaPilot, *, progress: bool = True) -> dict:
                candidates=[], chosen=None)
     for c in p.candidates:
         s = vz.load_settings(p.profile, c.overrides)
+        kernels.check(s.cpu_kernels, "vision_minima_pilot")   # the recipe's pinned kernels, as vision_train runs
         key = start_key(s)
         if key not in starts:
             if progress:
@@ -248,6 +255,9 @@ def run(p: MinimaPilot, *, progress: bool = True) -> dict:
         rows = [dict(name=m["name"], role=m["role"], seed=m["seed"], hparams=asdict(m["hparams"]),
                      train_error=results[m["name"]]["train_error"], cpu_seconds=results[m["name"]]["cpu_seconds"])
                 for m in members]
+        seen = {json.dumps(r["kernels"], sort_keys=True) for r in results.values()}
+        if seen != {json.dumps(kernels.cpu_kernels(), sort_keys=True)}:
+            raise RuntimeError(f"vision_minima_pilot: the members' processes ran other CPU kernels: {sorted(seen)}")
         epoch_cpu = per_epoch_cpu(rows)
         proj = projection(s, epoch_cpu, pre["cpu_seconds"], stage_rest(timings, s.workers))
         v = verdict([r["train_error"] for r in rows], proj["stage_minutes"], p)
@@ -262,6 +272,7 @@ def run(p: MinimaPilot, *, progress: bool = True) -> dict:
         if v["chosen"]:
             out["chosen"] = c.name
             break
+    out["cpu_kernels"] = kernels.cpu_kernels()
     out["pilot_cpu_minutes"] = (sum(pre["cpu_seconds"] for _, pre in starts.values())
                                 + sum(m["cpu_seconds"] for c in out["candidates"] for m in c["members"])) / 60
     return out
@@ -316,8 +327,11 @@ def render_markdown(r: dict) -> str:
                   f"{pr['pretrain_cpu_seconds']:.0f} s, the rest of the stage {pr['rest_seconds']:.0f} s: "
                   f"**{pr['stage_minutes']:.1f} minutes** ({pr['cpu_minutes']:.1f} CPU-minutes of pre-training and "
                   f"fine-tuning)."]
+    k = r.get("cpu_kernels") or {}
     lines += ["", f"The pilot's own compute: {r['pilot_cpu_minutes']:.1f} CPU-minutes (pre-training and fine-tuning, "
-              f"on the shared 2-core machine under `nice -n 10`).", ""]
+              f"on the shared 2-core machine under `nice -n 10`). CPU kernels: {k.get('capability', 'not recorded')}"
+              + (" (pinned, `companion.kernels`, as `vision_train` runs)" if k.get("ATEN_CPU_CAPABILITY") else "") + ".",
+              ""]
     return "\n".join(lines)
 
 
@@ -333,12 +347,20 @@ def main(argv: list[str] | None = None) -> int:
     from companion.params import ParamsError, settings
     from hideseek.utils import set_threads
 
+    from companion import kernels
+    from companion.experiments import vision_zoo as vz
+
     try:
         p = settings(MinimaPilot, STAGE, "cpu", args.overrides)
         if not p.candidates:
             raise ValueError("vision_minima_pilot.candidates is empty")
+        levels = {vz.load_settings(p.profile, c.overrides).cpu_kernels for c in p.candidates}
+        if len(levels) != 1:
+            raise ValueError(f"the candidates pin different CPU kernels: {sorted(map(str, levels))}")
     except (ParamsError, ValueError) as exc:
         ap.error(str(exc))
+    if not args.render_only:   # the kernels vision_train runs: restart once with them pinned
+        kernels.reexec(levels.pop(), "companion.experiments.vision_minima_pilot", argv)
     out = Path(args.out)
     if args.render_only:
         report = json.loads((out / f"{p.report}.json").read_text())
