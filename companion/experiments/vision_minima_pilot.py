@@ -218,6 +218,36 @@ def verdict(train_errors: list[float], stage_minutes: float, p: MinimaPilot) -> 
     return dict(max_train_error=worst, n_fail=n_fail, all_fit=fits, within_budget=within, chosen=fits and within)
 
 
+def calibration(report: dict, base, timings: dict) -> dict:
+    """The projection held against the committed stage (added after the pilot ran; it chooses nothing).
+
+    The pilot's CPU seconds per epoch (of the first candidate that measured every batch size of the recipe
+    ``base``, the one in force when the pilot ran) times ``base``'s 72 zoo draws give the fine-tuning that the
+    committed stage timed (``timings``, seconds of each member's process); their ratio scales each candidate's
+    projected fine-tuning. Pre-training: the committed seconds times the candidate's epochs over ``base``'s.
+    """
+    from companion.experiments import vision_zoo as vz
+
+    need = {int(b) for b in base.ranges.batch_size}
+    cover = next((c for c in report["candidates"] if need <= {int(b) for b in c["epoch_cpu_seconds"]}), None)
+    if cover is None:
+        raise ValueError(f"no candidate measured every batch size {sorted(need)} of the recipe in force")
+    cost = {int(b): t for b, t in cover["epoch_cpu_seconds"].items()}
+    base_cpu = float(sum(hp.epochs * cost[hp.batch_size] for hp, _ in vz.member_draws(base, "main", base.n_models)))
+    committed = float(sum(timings["members"].values()))
+    ratio = committed / base_cpu
+    rest = stage_rest(timings, base.workers)
+    out = dict(costs_from=cover["name"], base_projected_member_seconds=base_cpu, committed_member_seconds=committed,
+               ratio=ratio, candidates={})
+    for c in report["candidates"]:
+        pre = timings["pretrain"] * c["recipe"]["pretrain_epochs"] / base.pretrain.epochs
+        member = ratio * c["projection"]["member_cpu_seconds"]
+        out["candidates"][c["name"]] = dict(pretrain_seconds=pre, member_seconds=member,
+                                            stage_minutes=(pre + member / base.workers + rest) / 60,
+                                            process_minutes=(pre + member) / 60)
+    return out
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -300,6 +330,16 @@ def render_markdown(r: dict) -> str:
                      f"{pr['cpu_minutes']:.1f} | {'yes' if c['all_fit'] else 'no'} | "
                      f"{'yes' if c['within_budget'] else 'no'} |")
     tried = [c["name"] for c in r["candidates"]]
+    cal = r.get("calibration")
+    if cal:
+        lines += ["", "Held against the committed stage (added after the pilot ran; it chooses nothing): the pilot's CPU "
+                  f"seconds per epoch ({cal['costs_from']}) over the current recipe's 72 zoo draws give "
+                  f"{cal['base_projected_member_seconds'] / 60:.1f} minutes of fine-tuning where the committed stage "
+                  f"timed {cal['committed_member_seconds'] / 60:.1f} (ratio {cal['ratio']:.2f}; that run's seconds of each "
+                  "member's process on its machine, these CPU seconds on this one). Scaled by that ratio:", "",
+                  "| candidate | stage (min, scaled) | pre-training + fine-tuning, all processes (min, scaled) |",
+                  "|---|---|---|"]
+        lines += [f"| {n} | {v['stage_minutes']:.1f} | {v['process_minutes']:.1f} |" for n, v in cal["candidates"].items()]
     lines += ["", (f"**Chosen: {r['chosen']}.**" if r["chosen"] else
                    "**None chosen**: no candidate passed (the pre-registration's rule: any further step is an amendment)."),
               f"Candidates tried: {', '.join(tried)}.", "",
@@ -341,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--render-only", action="store_true", help="regenerate the markdown from OUT/<report>.json")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="add the projection held against the committed stage (calibration) to OUT/<report>.json, "
+                         "with the recipe in params.yaml as the one in force when the pilot ran; then render")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -359,11 +402,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"the candidates pin different CPU kernels: {sorted(map(str, levels))}")
     except (ParamsError, ValueError) as exc:
         ap.error(str(exc))
-    if not args.render_only:   # the kernels vision_train runs: restart once with them pinned
+    if not (args.render_only or args.calibrate):   # the kernels vision_train runs: restart once with them pinned
         kernels.reexec(levels.pop(), "companion.experiments.vision_minima_pilot", argv)
     out = Path(args.out)
-    if args.render_only:
+    if args.render_only or args.calibrate:
         report = json.loads((out / f"{p.report}.json").read_text())
+        if args.calibrate:
+            report["calibration"] = calibration(report, vz.load_settings(p.profile),
+                                                json.loads(Path(p.stage_timings).read_text()))
+            (out / f"{p.report}.json").write_text(json.dumps(report, indent=1))
     else:
         set_threads(1)
         report = run(p, progress=not args.no_progress)

@@ -114,3 +114,22 @@ def test_run_stops_at_the_first_passing_candidate_and_computes_no_gap(tmp_path, 
     assert not {k for k in keys(r) if any(w in k for w in ("test", "gap", "sharp"))}
     md = vmp.render_markdown(r)
     assert "Chosen: B" in md and "| A: nothing fits |" in md
+
+
+def test_calibration_by_hand(tiny):
+    draws = vz.member_draws(tiny, "main", tiny.n_models)
+    cost = {16: 2.0, 32: 1.0}
+    base_cpu = sum(hp.epochs * cost[hp.batch_size] for hp, _ in draws)
+    timings = {"total": 100.0, "pretrain": 6.0, "members": {"a": 3 * base_cpu / 2, "b": 3 * base_cpu / 2}}
+    report = {"candidates": [
+        {"name": "A", "epoch_cpu_seconds": {"16": 5.0}, "recipe": {"pretrain_epochs": 3}, "projection": {"member_cpu_seconds": 1.0}},
+        {"name": "B", "epoch_cpu_seconds": {"16": 2.0, "32": 1.0}, "recipe": {"pretrain_epochs": 2},
+         "projection": {"member_cpu_seconds": 10.0}}]}
+    cal = vmp.calibration(report, tiny, timings)
+    assert cal["costs_from"] == "B" and cal["ratio"] == pytest.approx(3.0)       # A lacks batch size 32
+    rest = 100.0 - 6.0 - 3 * base_cpu / tiny.workers
+    b = cal["candidates"]["B"]
+    assert b["pretrain_seconds"] == pytest.approx(6.0 * 2 / tiny.pretrain.epochs) and b["member_seconds"] == 30.0
+    assert b["stage_minutes"] == pytest.approx((b["pretrain_seconds"] + 30.0 / tiny.workers + rest) / 60)
+    with pytest.raises(ValueError, match="batch size"):
+        vmp.calibration({"candidates": report["candidates"][:1]}, tiny, timings)
