@@ -13,7 +13,8 @@ their own (``minima_pilot`` in :data:`.vision_zoo.STREAMS`), so none is a zoo me
 * ``n_fast`` **fast corners**: the other end (largest learning rate, most steps, no augmentation);
 * ``n_drawn`` members drawn from the candidate's ranges exactly as zoo members are.
 
-Each candidate is a list of ``vision_train`` overrides of the cpu profile. The candidates are tried in their
+Each candidate is a list of ``vision_train`` overrides of the cpu profile, applied on top of ``base_overrides``
+(the recipe in force when the pilot ran, spelled out). The candidates are tried in their
 order; the pilot stops at the first under which every pilot member's train error (eval mode, whole pool,
 unaugmented: :func:`.vision_zoo.error_rate`, as the zoo records it) is at most ``max_train_error`` and whose
 projected ``vision_train`` time (:func:`projection`) is within ``budget_minutes``. **The pilot computes train
@@ -63,6 +64,7 @@ class MinimaPilot:
     stage_timings: str
     workers: int
     report: str
+    base_overrides: list[str]     # the recipe in force when the pilot ran; every candidate applies on top of it
     candidates: list[Candidate]
 
 
@@ -269,7 +271,7 @@ def run(p: MinimaPilot, *, progress: bool = True) -> dict:
                                     n_members=len(timings["members"])),
                candidates=[], chosen=None)
     for c in p.candidates:
-        s = vz.load_settings(p.profile, c.overrides)
+        s = vz.load_settings(p.profile, p.base_overrides + c.overrides)
         kernels.check(s.cpu_kernels, "vision_minima_pilot")   # the recipe's pinned kernels, as vision_train runs
         key = start_key(s)
         if key not in starts:
@@ -382,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--render-only", action="store_true", help="regenerate the markdown from OUT/<report>.json")
     ap.add_argument("--calibrate", action="store_true",
-                    help="add the projection held against the committed stage (calibration) to OUT/<report>.json, "
-                         "with the recipe in params.yaml as the one in force when the pilot ran; then render")
+                    help="add the projection held against the committed stage (calibration) to OUT/<report>.json "
+                         "(the recipe in force when the pilot ran: base_overrides); then render")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -397,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         p = settings(MinimaPilot, STAGE, "cpu", args.overrides)
         if not p.candidates:
             raise ValueError("vision_minima_pilot.candidates is empty")
-        levels = {vz.load_settings(p.profile, c.overrides).cpu_kernels for c in p.candidates}
+        levels = {vz.load_settings(p.profile, p.base_overrides + c.overrides).cpu_kernels for c in p.candidates}
         if len(levels) != 1:
             raise ValueError(f"the candidates pin different CPU kernels: {sorted(map(str, levels))}")
     except (ParamsError, ValueError) as exc:
@@ -408,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only or args.calibrate:
         report = json.loads((out / f"{p.report}.json").read_text())
         if args.calibrate:
-            report["calibration"] = calibration(report, vz.load_settings(p.profile),
+            report["calibration"] = calibration(report, vz.load_settings(p.profile, p.base_overrides),
                                                 json.loads(Path(p.stage_timings).read_text()))
             (out / f"{p.report}.json").write_text(json.dumps(report, indent=1))
     else:

@@ -2,10 +2,12 @@
 import json
 
 import pytest
+import yaml
 
 from companion.experiments import vision_minima_pilot as vmp
 from companion.experiments import vision_zoo as vz
 from companion.params import settings
+from tests import ROOT
 from tests.companion.experiments.test_vision_zoo import TINY
 
 
@@ -24,8 +26,12 @@ def test_params_declare_the_preregistered_criterion_and_candidates_in_order(pilo
     assert pilot.max_train_error == 0.30 and pilot.budget_minutes == 15.0
     assert (pilot.n_slow, pilot.n_fast, pilot.n_drawn) == (3, 1, 6) and pilot.stream == "minima_pilot"
     assert [c.name for c in pilot.candidates] == ["K1", "K2", "K3"]
-    k1, k2, k3 = (vz.load_settings("cpu", c.overrides) for c in pilot.candidates)
-    base = vz.load_settings("cpu")
+    k1, k2, k3 = (vz.load_settings("cpu", pilot.base_overrides + c.overrides) for c in pilot.candidates)
+    base = vz.load_settings("cpu", pilot.base_overrides)
+    # the recipe before the pilot: the defaults' ranges (the cpu profile changed none of them then), no warm-up
+    before = yaml.safe_load((ROOT / "params.yaml").read_text())["vision_train"]["defaults"]
+    assert base.ranges == vz.load_settings("gpu").ranges and base.warmup == 0.0
+    assert base.pretrain.epochs == before["pretrain"]["epochs"] == 10
     assert k1.ranges.lr == (3e-3, 1.5e-2) and k1.warmup == 0.1 and k1.pretrain.epochs == 30
     assert k1.ranges.batch_size == base.ranges.batch_size and k1.ranges.epochs == base.ranges.epochs
     assert k2.ranges.batch_size == (32, 64) and k2.ranges.epochs == (8, 16) and k2.ranges.lr == k1.ranges.lr
@@ -34,6 +40,19 @@ def test_params_declare_the_preregistered_criterion_and_candidates_in_order(pilo
         assert (k.model, k.data, k.n_models, k.seed) == (base.model, base.data, base.n_models, base.seed)
         assert (k.ranges.shift, k.ranges.noise_std, k.ranges.mixup_alpha, k.ranges.weight_decay) == \
             (base.ranges.shift, base.ranges.noise_std, base.ranges.mixup_alpha, base.ranges.weight_decay)
+
+
+def test_candidates_are_what_the_pilot_ran():
+    """The recorded recipe of every candidate in the report is the one params.yaml gives it now."""
+    from dataclasses import asdict
+
+    report = json.loads((ROOT / "reports" / "pilots" / "vision_minima.json").read_text())
+    pilot = settings(vmp.MinimaPilot, vmp.STAGE, "cpu")
+    by_name = {c.name: c for c in pilot.candidates}
+    for c in report["candidates"]:
+        s = vz.load_settings("cpu", pilot.base_overrides + by_name[c["name"]].overrides)
+        assert c["recipe"] == dict(ranges=json.loads(json.dumps(asdict(s.ranges))), warmup=s.warmup,
+                                   pretrain_epochs=s.pretrain.epochs), c["name"]
 
 
 def test_corners_are_the_ends_of_the_ranges(tiny):
