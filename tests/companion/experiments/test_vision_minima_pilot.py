@@ -42,6 +42,20 @@ def test_params_declare_the_preregistered_criterion_and_candidates_in_order(pilo
             (base.ranges.shift, base.ranges.noise_std, base.ranges.mixup_alpha, base.ranges.weight_decay)
 
 
+def test_params_hold_the_recipe_the_pilot_chose_and_the_criterion():
+    """Step 3 of reports/preregistration/vision_minima.md: the chosen candidate (reports/pilots/vision_minima.json)
+    is the cpu recipe of vision_train, and the vision stage draws apart members above the criterion."""
+    report = json.loads((ROOT / "reports" / "pilots" / "vision_minima.json").read_text())
+    pilot = settings(vmp.MinimaPilot, vmp.STAGE, "cpu")
+    chosen = next(c for c in pilot.candidates if c.name == report["chosen"])
+    assert vz.load_settings("cpu", pilot.base_overrides + chosen.overrides) == vz.load_settings("cpu")
+    assert all(m["train_error"] <= pilot.max_train_error
+               for c in report["candidates"] if c["name"] == report["chosen"] for m in c["members"])
+    from companion.params import stage_params
+
+    assert stage_params("vision", "cpu")[1]["max_train_error"] == pilot.max_train_error
+
+
 def test_candidates_are_what_the_pilot_ran():
     """The recorded recipe of every candidate in the report is the one params.yaml gives it now."""
     from dataclasses import asdict

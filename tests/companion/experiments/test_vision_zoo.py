@@ -278,7 +278,8 @@ def test_fit_applies_the_warm_up_to_the_optimiser(tiny, data, monkeypatch):
 
 
 def test_settings_record_the_warm_up_and_old_zoos_read_as_none(tiny):
-    assert tiny.warmup == 0.0 and vz.load_settings("cpu", TINY + ["warmup=0.1"]).warmup == 0.1
+    assert vz.load_settings("cpu", TINY + ["warmup=0.0"]).warmup == 0.0
+    assert vz.load_settings("cpu", TINY + ["warmup=0.25"]).warmup == 0.25
     meta = {"settings": {k: v for k, v in json.loads(json.dumps(vz.asdict(tiny))).items() if k != "warmup"}}
     assert vz.zoo_settings(meta).warmup == 0.0
     assert vz.member_draws(tiny, "minima_pilot", 2) != vz.member_draws(tiny, "pilot", 2)
