@@ -14,9 +14,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-
-class UnsupportedAttentionError(ValueError):
-    """The model has attention whose GL(h) symmetry is broken or unknown to hideseek."""
+from ..errors import UnsupportedAttentionError  # noqa: F401 (re-exported: its old place)
 
 
 @dataclass(frozen=True)
