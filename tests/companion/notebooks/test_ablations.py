@@ -40,7 +40,8 @@ def test_ablations_notebook_runs_and_publishes(tmp_path, monkeypatch):
                                      "dtype": "float64"}, "reason": ""},
               "n_boot": 100, "seed": 24, "confidence": 0.95, "retest_splits": {"n_splits": 10, "seed": 24},
               "check_rtol": 1e-5, "metrics_dir": str(reports / "metrics"), "data_dir": str(reports / "data"),
-              "workers": 1, "threads": 1, "budget_minutes": 20}
+              "workers": 1, "threads": 1, "budget_minutes": 20,
+              "cpu_kernels": None}
     res = run_stage("ablations", params=params, reports_dir=reports, progress_bar=False)
     assert {p.name for p in res.figures} >= {"fig7_minilm.png", "fig8_minilm.png", "fig9_eps.png", "fig5_language.png",
                                              "relative_flatness.png", "orbit_invariance.png"}
