@@ -37,9 +37,11 @@ def test_the_environment_is_the_language_zoos_and_bad_levels_are_refused():
 
 
 #: the notebook stages run under `python -m companion.kernels STAGE -- python -m companion.pipeline STAGE`
-WRAPPED = ("vision", "geometry_lines", "sam", "ablations")
+WRAPPED = ("vision", "geometry_lines", "sam", "ablations", "minilm")
 #: per wrapped stage (beyond vision and geometry_lines, tested above and below): a short run of the code that computes
-#: its numbers, with cpu_kernels avx2 and tiny parameters, printing "done" when it finishes
+#: its numbers, with cpu_kernels avx2 and tiny parameters, printing "done" when it finishes (minilm: when, past the
+#: check, it reaches the zoo, which does not exist here: training one costs minutes, and the minilm notebook's test
+#: runs the stage on a tiny zoo with the processor's own kernels)
 CALLS = {
     "sam": ("from companion.experiments import sam; from tests.companion.notebooks.test_sam import TINY; "
             "sam.run({**TINY, 'seeds': [0], 'rho_grid': {'sam': [0.1], 'asam': [0.5], 'geodesic_invariant': [0.1], "
@@ -49,6 +51,14 @@ CALLS = {
                   "p = _settings(cpu_kernels='avx2', language=None); "
                   "p['rows'] = {'vision': p['rows']['vision']}; "
                   "ab.run_report('cpu', p, sys.argv[1], progress=False); print('done')"),
+    "minilm": ("import sys; from companion.experiments import minilm_report as mr\n"
+               "p = dict(zoo_dir=sys.argv[1] + '-no-zoo', device='cpu', threads=1, workers=1, n_points=16, batch_size=4, "
+               "data_seed=0, n_iters=1, seed=0, rho={'adaptive': 0.1, 'geodesic_invariant': 0.1, 'geodesic_mixed': 0.1}, "
+               "eps=0.0, max_train_error=0.3, n_boot=50, gap_splits=10, power_alpha=0.05, power_n_sim=20, "
+               "paired=dict(n_boot=100, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=20, retest_splits=10), "
+               "cpu_kernels='avx2')\n"
+               "try:\n    mr.run_report(p, sys.argv[1], progress=False)\n"
+               "except FileNotFoundError as exc:\n    assert 'no zoo at' in str(exc), exc\n    print('done')"),
 }
 
 
