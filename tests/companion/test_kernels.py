@@ -37,7 +37,7 @@ def test_the_environment_is_the_language_zoos_and_bad_levels_are_refused():
 
 
 #: the notebook stages run under `python -m companion.kernels STAGE -- python -m companion.pipeline STAGE`
-WRAPPED = ("vision", "geometry_lines", "sam", "ablations", "minilm")
+WRAPPED = ("vision", "geometry_lines", "sam", "ablations", "minilm", "diagonal", "toy")
 #: per wrapped stage (beyond vision and geometry_lines, tested above and below): a short run of the code that computes
 #: its numbers, with cpu_kernels avx2 and tiny parameters, printing "done" when it finishes (minilm: when, past the
 #: check, it reaches the zoo, which does not exist here: training one costs minutes, and the minilm notebook's test
@@ -59,6 +59,12 @@ CALLS = {
                "cpu_kernels='avx2')\n"
                "try:\n    mr.run_report(p, sys.argv[1], progress=False)\n"
                "except FileNotFoundError as exc:\n    assert 'no zoo at' in str(exc), exc\n    print('done')"),
+    "diagonal": ("from companion.experiments import diagonal as D; from tests.companion.notebooks.test_diagonal import TINY; "
+                 "p = {**TINY['diagonal'], 'rhos': [0.1], 'n_starts': 2, 'n_iters': 5, 'n_boot': 20, 'alpha_sweep': None, "
+                 "'orthogonal': None, 'main': {**TINY['diagonal']['main'], 'n_nets': 4, 'horizon': 300}, "
+                 "'cpu_kernels': 'avx2'}; D.run(p, progress=False); print('done')"),
+    "toy": ("from companion.experiments import toy; from tests.companion.experiments.test_toy import _params; "
+            "toy.run(_params(n_grid=20, cpu_kernels='avx2')); print('done')"),
 }
 
 
