@@ -71,6 +71,7 @@ def test_resolve_and_overrides():
         parse_overrides(["novalue"])
 
 
+@pytest.mark.slow
 def test_run_publishes_then_failure_leaves_reports_untouched(tmp_path):
     root = make_repo(tmp_path)
     reports = root / "reports"
@@ -208,6 +209,7 @@ def _copy_stage_files(dst: Path, stage: str) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_a_stage_run_in_two_folders_publishes_identical_bytes(tmp_path):
     """Issue 24 item 6: no machine path, no random cell id, so the same run elsewhere gives the same files."""
     roots = [_copy_stage_files(tmp_path / "first", "toy"), _copy_stage_files(tmp_path / "elsewhere" / "deeper", "toy")]
