@@ -50,8 +50,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .geometry.adaptive import AdaptiveGeometry
-from .geometry.euclidean import EuclideanGeometry
+from .geometry.free import FreePart
 from .geometry.gl import PairGeometry
 from .geometry.metrics import get_metric
 from .geometry.space import ProductGeometry
@@ -104,7 +103,7 @@ def _hessian_measure(measure) -> Measure:
     m = Measure.parse(measure) if isinstance(measure, str) else measure
     if not isinstance(m, Measure):
         raise TypeError(f"measure must be a hs.Measure or its name, got {type(measure).__name__}")
-    if m.geometry == "geodesic":
+    if m.has_pairs:
         if m.ball != "riemannian":
             raise ValueError("RiemannianHessian: ball='adaptive' (the Christoffel-only ablation) puts no metric "
                              "on the pairs; use ball='riemannian' (the default) or geometry='adaptive'")
@@ -207,8 +206,7 @@ class RiemannianHessian:
         self.geometry: ProductGeometry = problem.geometry
         self.batches = [problem.batch(i) for i in range(len(problem.data))]
         self._pair_ops = [_PairOps(pg) for pg in self.geometry.pairs]
-        self._free: AdaptiveGeometry = self.geometry.adaptive
-        self._euclidean_free = isinstance(self._free, EuclideanGeometry)
+        self._free: FreePart = self.geometry.adaptive
         self.dtype, self.device = self.geometry.dtype, self.geometry.device
         zeros = self.geometry.zeros()
         self.shapes = [t.shape for t in zeros]
@@ -267,9 +265,7 @@ class RiemannianHessian:
         out = []
         for ops, (gG, gH) in zip(self._pair_ops, pairs):
             out += list(ops.inv_metric(gG, gH))
-        if self._euclidean_free:
-            return out + list(free)
-        return out + [t * t * gi for t, gi in zip(self._free.theta, free)]
+        return out + self._free.inv_metric(free)
 
     def project(self, x: Tangent) -> Tangent:
         """The metric-orthogonal projection onto the horizontal space (and zero where a free
@@ -283,12 +279,8 @@ class RiemannianHessian:
         total = torch.zeros((), dtype=self.dtype, device=self.device)
         for ops, (xG, xH), (yG, yH) in zip(self._pair_ops, pairs_x, pairs_y):
             total = total + ops.pg.inner(xG, xH, yG, yH).sum()
-        for t, a, b in zip(self._free.theta, free_x, free_y):
-            if self._euclidean_free:
-                total = total + (a * b).sum()
-            else:
-                c = t.abs()
-                total = total + torch.where(c > 0, a * b / torch.where(c > 0, c * c, 1), 0).sum()
+        for term in self._free.inner_terms(free_x, free_y):
+            total = total + term
         return total
 
     def to_whitened(self, x: Tangent) -> Tangent:
@@ -297,12 +289,7 @@ class RiemannianHessian:
         out = []
         for ops, (xG, xH) in zip(self._pair_ops, pairs):
             out += [xG @ ops.sqrt[0], xH @ ops.sqrt[1]]
-        if self._euclidean_free:
-            return out + list(free)
-        for t, xi in zip(self._free.theta, free):
-            c = t.abs()
-            out.append(torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0))
-        return out
+        return out + self._free.whiten(free)
 
     def from_whitened(self, w: Tangent) -> Tangent:
         """``ξ = g^{-1/2} w`` (list layout), the inverse of :meth:`to_whitened` off exact zeros."""
@@ -310,9 +297,7 @@ class RiemannianHessian:
         out = []
         for ops, (wG, wH) in zip(self._pair_ops, pairs):
             out += [wG @ ops.isqrt[0], wH @ ops.isqrt[1]]
-        if self._euclidean_free:
-            return out + list(free)
-        return out + [t.abs() * wi for t, wi in zip(self._free.theta, free)]
+        return out + self._free.unwhiten(free)
 
     # ------------------------------------------------------------------ autograd
     def _batch_loss(self, z: Tangent, x, y) -> Tensor:
@@ -400,13 +385,8 @@ class RiemannianHessian:
             dG, dH = ops.d_inv_metric(xG, xH, vG, vH)
             cG, cH = ops.connection(xG, xH, vG, vH, self._accV[i])
             out += [hv[2 * i] + dG + cG, hv[2 * i + 1] + dH + cH]
-        k = 2 * len(self._pair_ops)
-        if self._euclidean_free:
-            return out + hv[k:]
-        # adaptive metric diag(1/θ²): (D_ξ g⁻¹)∇f = 2θξ∇f and Γ(ξ, V) = −ξV/θ with V = θ²∇f
-        for t, h, x, g in zip(self._free.theta, hv[k:], free_x, free_g):
-            out.append(h + t * x * g)
-        return out
+        # the free part's own terms (its metric's derivative and connection: FreePart.hessian_terms)
+        return out + self._free.hessian_terms(hv[2 * len(self._pair_ops):], free_x, free_g)
 
     def matvec(self, x):
         """``lift(Hess f[P^h ξ])`` for ξ in the list or the flat layout (the result in the same
