@@ -32,6 +32,10 @@ row-major and concatenated in that order (:meth:`RiemannianHessian.flatten`,
 metric-whitened coordinates ``w = g^{1/2} ξ`` (flat), where the operator is a symmetric
 matrix ``A = g^{1/2} Hess g^{-1/2}`` whose non-zero eigenvalues are the Hessian's and whose
 trace is its trace; the vertical directions give ``dim V`` extra zero eigenvalues.
+The same form is an operator of :mod:`hideseek.estimators` (:meth:`RiemannianHessian.whitened`:
+``shape``, ``matvec``, ``matmat``, ``to_scipy``), whose trace and eigenvalue estimators (exact,
+Hutchinson, Hutch++, Lanczos) take any such operator; :meth:`RiemannianHessian.trace` and
+:meth:`RiemannianHessian.eigenvalues` call them.
 
 What the operator depends on: the measure's geometry, metric and ε only (not its step, ball
 radius, ℓ2/ℓ∞ or kind).  Refused in one line: ``ball="adaptive"`` (the Christoffel-only
@@ -44,12 +48,12 @@ distribution, not on a quotient.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from .estimators import TRACE_ESTIMATORS, TraceEstimate, exact_trace, lanczos_eigenvalues, to_scipy
 from .geometry.free import FreePart
 from .geometry.gl import PairGeometry
 from .geometry.metrics import get_metric
@@ -61,26 +65,11 @@ Tangent = list[Tensor]
 #: largest dimension for which :meth:`RiemannianHessian.trace` (exact) and
 #: :meth:`RiemannianHessian.dense` run by default (one product per dimension)
 EXACT_MAX_DIM = 20_000
-TRACE_METHODS = ("exact", "hutchinson", "hutch++")
+TRACE_METHODS = tuple(TRACE_ESTIMATORS)
 #: products that share one vectorised backward pass by default (``chunk=None``) on spaces of
 #: at most :data:`CHUNK_MAX_DIM` dimensions, where the per-product overhead dominates; above
 #: it one at a time (batching then costs memory and, on CPUs, time: ``reports/benchmarks.md``)
 CHUNK, CHUNK_MAX_DIM = 16, 10_000
-
-
-@dataclass(frozen=True)
-class TraceEstimate:
-    """A trace: ``value``, its standard error (0 for the exact trace), the number of
-    Hessian-vector products it took and the method (``"exact"``, ``"hutchinson"``,
-    ``"hutch++"``)."""
-
-    value: float
-    stderr: float
-    n_matvecs: int
-    method: str
-
-    def __float__(self) -> float:
-        return self.value
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -434,22 +423,17 @@ class RiemannianHessian:
         symmetric form ``A = g^{1/2} Hess g^{-1/2}`` in whitened coordinates ``w = g^{1/2} ξ``
         (flat layout): same trace and non-zero eigenvalues as the Hessian, 0 on the vertical
         directions.  Needs SciPy (imported here; not a dependency of the library)."""
-        try:
-            from scipy.sparse.linalg import LinearOperator
-        except ImportError as err:   # pragma: no cover
-            raise ImportError("RiemannianHessian.to_scipy needs SciPy: pip install scipy") from err
-        import numpy as np
+        return to_scipy(self.whitened())
 
-        def mv(v):
-            w = torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(-1), device=self.device).to(self.dtype)
-            return self.whitened_matvec(w).detach().to("cpu", torch.float64).numpy()
+    def whitened(self) -> "WhitenedHessian":
+        """The symmetric form ``A`` of :meth:`to_scipy` as an operator of
+        :mod:`hideseek.estimators` (torch in, torch out)."""
+        return WhitenedHessian(self)
 
-        def mm(V):
-            W = torch.as_tensor(np.asarray(V, dtype=np.float64), device=self.device).to(self.dtype)
-            return self.whitened_matmat(W.reshape(self.dim, -1)).detach().to("cpu", torch.float64).numpy()
-
-        return LinearOperator((self.dim, self.dim), matvec=mv, rmatvec=mv, matmat=mm, rmatmat=mm,
-                              dtype=np.float64)
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(dim, dim)``."""
+        return (self.dim, self.dim)
 
     # ------------------------------------------------------------------ spectral
     def dense(self, max_dim: int = EXACT_MAX_DIM) -> Tensor:
@@ -476,55 +460,45 @@ class RiemannianHessian:
         (Meyer et al. 2021): ``n_probes`` products in all, a third sketching the top of the
         spectrum exactly, a third for its range, a third for Hutchinson on the rest.  The
         standard error is the probes' sample standard deviation over √(number of probes)
-        (0 for the exact trace)."""
+        (0 for the exact trace).
+
+        The estimators are :mod:`hideseek.estimators`' functions on :meth:`whitened` (any
+        operator with ``matvec``/``matmat``/``shape`` takes them)."""
         if method not in TRACE_METHODS:
             raise ValueError(f"trace method must be one of {TRACE_METHODS}, got {method!r}")
         if method == "exact":
             self._check_dim(max_dim, "trace")
-            total = 0.0
-            for s in range(0, self.dim, self.chunk):
-                cols = torch.arange(s, min(s + self.chunk, self.dim), device=self.device)
-                U = torch.zeros(self.dim, len(cols), dtype=self.dtype, device=self.device)
-                U[cols, torch.arange(len(cols), device=self.device)] = 1.0
-                total += float(self.whitened_matmat(U)[cols, torch.arange(len(cols), device=self.device)].sum())
-            return TraceEstimate(total, 0.0, self.dim, "exact")
-        if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < (3 if method == "hutch++" else 2):
-            raise ValueError(f"n_probes must be an integer >= {3 if method == 'hutch++' else 2} for {method}, "
-                             f"got {n_probes!r}")
-        gen = torch.Generator().manual_seed(int(seed))
-
-        def rademacher(k):
-            r = torch.randint(0, 2, (self.dim, k), generator=gen, dtype=torch.int64)
-            return (2 * r - 1).to(self.dtype).to(self.device)
-
-        if method == "hutchinson":
-            E = rademacher(n_probes)
-            vals = (E * self.whitened_matmat(E)).sum(0)
-            return TraceEstimate(float(vals.mean()), float(vals.std(unbiased=True)) / math.sqrt(n_probes),
-                                 n_probes, "hutchinson")
-        k = n_probes // 3
-        r = n_probes - 2 * k               # Hutchinson probes on the rest (≥ k)
-        S = rademacher(k)
-        Q, _ = torch.linalg.qr(self.whitened_matmat(S))
-        top = float(torch.trace(Q.T @ self.whitened_matmat(Q)))
-        E = rademacher(r)
-        E = E - Q @ (Q.T @ E)
-        vals = (E * self.whitened_matmat(E)).sum(0)
-        se = float(vals.std(unbiased=True)) / math.sqrt(r) if r > 1 else float("nan")
-        return TraceEstimate(top + float(vals.mean()), se, 2 * k + r, "hutch++")
+            return exact_trace(self.whitened(), block=self.chunk)
+        return TRACE_ESTIMATORS[method](self.whitened(), n_probes=n_probes, seed=seed)
 
     def eigenvalues(self, k: int = 1, which: str = "LA", tol: float = 0.0, seed: int = 0):
         """The ``k`` eigenvalues of largest value (``which="LA"``; ``"SA"`` smallest, ``"LM"``
         largest magnitude — the vertical directions add zeros) by Lanczos
-        (``scipy.sparse.linalg.eigsh`` on :meth:`to_scipy`), in descending order (NumPy)."""
-        import numpy as np
-        from scipy.sparse.linalg import eigsh
+        (``scipy.sparse.linalg.eigsh`` on :meth:`to_scipy`), in descending order (NumPy):
+        :func:`hideseek.estimators.lanczos_eigenvalues` on :meth:`whitened`."""
+        return lanczos_eigenvalues(self.whitened(), k=k, which=which, tol=tol, seed=seed)
 
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < self.dim:
-            raise ValueError(f"k must be an integer with 1 <= k < dim = {self.dim}, got {k!r}")
-        v0 = np.random.default_rng(seed).standard_normal(self.dim)
-        vals = eigsh(self.to_scipy(), k=k, which=which, tol=tol, v0=v0, return_eigenvectors=False)
-        return np.sort(vals)[::-1]
+
+class WhitenedHessian:
+    """The symmetric form ``A = g^{1/2} Hess g^{-1/2}`` of a :class:`RiemannianHessian` in
+    flat whitened coordinates ``w = g^{1/2} ξ``, as an operator of :mod:`hideseek.estimators`
+    (``shape``, ``dtype``, ``device``, ``matvec``, ``matmat``, ``to_scipy``): the same trace and
+    non-zero eigenvalues as the Hessian, 0 on the vertical directions."""
+
+    def __init__(self, hessian: "RiemannianHessian") -> None:
+        self.hessian = hessian
+        self.shape = (hessian.dim, hessian.dim)
+        self.dtype, self.device = hessian.dtype, hessian.device
+
+    def matvec(self, w: Tensor) -> Tensor:
+        return self.hessian.whitened_matvec(w)
+
+    def matmat(self, W: Tensor) -> Tensor:
+        return self.hessian.whitened_matmat(W)
+
+    def to_scipy(self):
+        """:func:`hideseek.estimators.to_scipy` of this operator."""
+        return to_scipy(self)
 
 
 class EuclideanHessian(RiemannianHessian):
@@ -538,4 +512,5 @@ class EuclideanHessian(RiemannianHessian):
                          checks=checks, keep_graph=keep_graph, chunk=chunk)
 
 
-__all__ = ["CHUNK", "CHUNK_MAX_DIM", "EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate"]
+__all__ = ["CHUNK", "CHUNK_MAX_DIM", "EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate",
+           "WhitenedHessian"]
