@@ -29,6 +29,8 @@ from typing import ClassVar, Sequence
 import torch
 from torch import Tensor
 
+from ..utils import register_named
+
 Tangent = list[Tensor]
 
 
@@ -145,10 +147,7 @@ def register_free_part(cls: type[FreePart]) -> type[FreePart]:
     class decorator); a name already taken by another class is an error."""
     if not (isinstance(cls, type) and issubclass(cls, FreePart)) or not cls.name:
         raise TypeError(f"register_free_part needs a FreePart subclass with a name, got {cls!r}")
-    if FREE_PARTS.get(cls.name, cls) is not cls:
-        raise ValueError(f"a free part named {cls.name!r} is already registered ({FREE_PARTS[cls.name].__name__})")
-    FREE_PARTS[cls.name] = cls
-    return cls
+    return register_named(FREE_PARTS, cls.name, cls, "free part")
 
 
 def free_part_names() -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from typing import Callable
 
 from torch import nn
 
+from ...utils import register_named
 from ..base import SymmetryBlock
 
 
@@ -47,10 +48,7 @@ def register_family(family: Family) -> Family:
     """Add ``family`` to :data:`FAMILIES`; a name already taken by another family is an error."""
     if not isinstance(family, Family) or not family.name:
         raise TypeError(f"register_family needs a Family with a name, got {family!r}")
-    if FAMILIES.get(family.name, family) is not family:
-        raise ValueError(f"a family named {family.name!r} is already registered")
-    FAMILIES[family.name] = family
-    return family
+    return register_named(FAMILIES, family.name, family, "family")
 
 
 def family_order() -> list[Family]:

@@ -15,7 +15,7 @@ from torch import nn
 from hideseek.symmetries import apply_random_action, declare_attention, find_symmetries
 from hideseek.symmetries.base import AttentionBlock
 from hideseek.symmetries.families import FAMILIES, Family, family_order, register_family
-from tests.hideseek.symmetries.test_model_families import TinyGQAttention
+from tests.hideseek.symmetries import test_model_families as T
 from tests.models import bert_batch, llama_batch, tiny_bert, tiny_clip, tiny_llama
 
 VOCAB = 40
@@ -29,31 +29,14 @@ def _out(o):
     return o.logits if hasattr(o, "logits") else (o.last_hidden_state if hasattr(o, "last_hidden_state") else o)
 
 
-def _hf(cls, cfg):
-    def build():
-        torch.manual_seed(0)
-        return cls(cfg).double().eval()
-    return build
-
-
 def _open_clip_attention():
     from open_clip.transformer import Attention
     torch.manual_seed(0)
     return nn.Sequential(Attention(16, num_heads=4)).double().eval()
 
 
-def _timm_vit():
-    from timm.models.vision_transformer import VisionTransformer
-    torch.manual_seed(0)
-    return VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=2,
-                             num_heads=4).double().eval()
-
-
-def _declared_gqa():
-    torch.manual_seed(0)
-    m = TinyGQAttention().double().eval()
-    declare_attention(m, "", heads=4, kv_heads=2, qkv="wqkv", o="wo")
-    return m
+def _hf(cls, cfg):
+    return T._hf(cls, lambda: cfg)
 
 
 @dataclass
@@ -74,7 +57,7 @@ CASES = [
     Case("torch_mha", "open_clip_default_blocks", tiny_clip, IMG3, 4, 4,   # ResidualAttentionBlock: nn.MHA
          run=lambda m: m.encode_image(IMG3)),
     Case("open_clip", "open_clip_attention", _open_clip_attention, SEQ16, 1, 4),
-    Case("timm", "timm_vit", _timm_vit, IMG1, 2, 4),
+    Case("timm", "timm_vit", T._timm(), IMG1, 2, 4),
     Case("hf_gpt2", "gpt2", _hf(tr.GPT2LMHeadModel, tr.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=4,
                                                                   n_positions=32)), IDS, 2, 4),
     Case("hf_gpt2", "gpt_bigcode_mqa", _hf(tr.GPTBigCodeForCausalLM, tr.GPTBigCodeConfig(
@@ -89,7 +72,7 @@ CASES = [
     Case("hf_qkv", "t5", _hf(tr.T5Model, tr.T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=1,
                                                      num_heads=4)),
          dict(IDS, decoder_input_ids=IDS["input_ids"][:, :4]), 3, 4),
-    Case("declared", "declared_gqa", _declared_gqa, SEQ16, 1, 2),
+    Case("declared", "declared_gqa", T._tinygqa, SEQ16, 1, 2),
 ]
 
 
