@@ -1,4 +1,5 @@
 # Two entry points (see README): `make repro` and `make test`. Both create .venv/ first if needed.
+# `make docs` builds the documentation site into site/ (mkdocs.yml; no pipeline stage runs).
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -7,22 +8,36 @@ export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
-$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml companion/pyproject.toml
+$(STAMP): requirements.txt requirements-docs.txt requirements-nodeps.txt pyproject.toml companion/pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q -r requirements.txt
+	$(VENV)/bin/python -m pip install -q -r requirements.txt -r requirements-docs.txt
 	$(VENV)/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(VENV)/bin/python -m pip install -q --no-deps -e . -e ./companion
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-.PHONY: setup repro test
-setup: $(STAMP)
+.PHONY: setup repro test docs browser
+setup: $(STAMP) browser
 
 repro: $(STAMP)
 	. $(VENV)/bin/activate && dvc repro
 
-test: $(STAMP)
+test: setup
 	. $(VENV)/bin/activate && python -m pytest -q
+
+# The site: docs/gen_site.py (a mkdocs hook) lays out build/site_src/ from docs/ and the committed
+# reports/, then mkdocs writes site/. Reads committed files only; runs no stage.
+docs: setup
+	mkdir -p build/site_src
+	. $(VENV)/bin/activate && NO_MKDOCS_2_WARNING=1 mkdocs build --strict
+
+# Debian's chromium for the site's browser test (tests/test_site.py): installed when missing, as
+# root (CI runs as root); otherwise a one-line note, and that test skips saying chromium is absent.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "make browser: chromium is missing and this is not root with apt-get: install Debian's chromium for tests/test_site.py"; fi
 
 # GPU checks (issues 17 and 25): issue 25's new paths on one GPU first — NCCL with one rank (FSDP2
 # and DDP against the unwrapped model), LoRA on a bfloat16 base, MiniLM's cost per measure

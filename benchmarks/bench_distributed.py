@@ -17,10 +17,10 @@ The GL(h) pairs' parameters are gathered whole on every rank
 (:class:`hideseek.distributed.ShardedModel`), so their part does not shrink with the ranks:
 :func:`copies_model` fits the measured peaks as copies of the shard plus copies of the
 pairs, and :func:`per_rank_gib` turns the fit into GiB per rank for the Llama 3 family's
-sizes and attention shares (the README's table).
+sizes and attention shares (the table of docs/distributed.md).
 
     python -m benchmarks.bench_distributed --world 2 --world 4          # writes the JSON
-    python -m benchmarks.bench_distributed --readme                     # README + report blocks
+    python -m benchmarks.bench_distributed --readme                     # docs/distributed.md + report blocks
 
 Also the launcher the tests use (:func:`spawn`: ``world`` gloo processes, a free port, a
 bounded time).
@@ -43,7 +43,8 @@ if __package__ in (None, ""):  # ``python benchmarks/bench_distributed.py``
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "distributed_memory.json"
-README = ROOT / "README.md"
+#: the page whose generated block holds the memory table (the site's "Several ranks")
+PAGE = ROOT / "docs" / "distributed.md"
 REPORT = ROOT / "reports" / "benchmarks.md"
 MEASURES = ("m_apgd_l2", "geodesic_mixed")
 
@@ -345,7 +346,7 @@ def readme_blocks(data: dict) -> tuple[str, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, action="append", help="ranks (repeat; 1 = one process)")
-    ap.add_argument("--readme", action="store_true", help="write the README and report blocks from the JSON")
+    ap.add_argument("--readme", action="store_true", help="write the blocks of docs/distributed.md and reports/benchmarks.md from the JSON")
     args = ap.parse_args(argv)
     if args.world:
         before = json.loads(RESULTS.read_text())["worlds"] if RESULTS.is_file() else {}
@@ -354,7 +355,7 @@ def main(argv=None) -> int:
     if args.readme:
         data = json.loads(RESULTS.read_text())
         readme, report = readme_blocks(data)
-        _replace_block(README, readme)
+        _replace_block(PAGE, readme)
         _replace_block(REPORT, report)
         print(readme)
     return 0

@@ -252,7 +252,7 @@ def _low_memory(v: dict, measure: str) -> str:
 def bound(n_iters: int) -> float:
     """The least ×floor a search of ``n_iters`` iterations can take: its ``n`` passes, the set-up's
     gradient pass (the search's start) and the deterministic-loss check's forward pass (half a
-    pass), over ``n`` passes of the floor — ``(n + 1.5)/n`` (README, "Cost of one call")."""
+    pass), over ``n`` passes of the floor — ``(n + 1.5)/n`` (docs/library.md, "Cost of one call")."""
     return (n_iters + 1.5) / n_iters
 
 
@@ -327,7 +327,7 @@ def _reported() -> list[Path]:
 
 
 def readme_sentence(paths: list[Path]) -> str:
-    """The README's measured cost per model: ×floor per measure after (and before), the least
+    """The measured cost per model (docs/library.md, "Cost of one call"): ×floor per measure after (and before), the least
     possible ratio and the peak extra memory in copies of N, from the result files."""
     runs: dict[str, dict[str, tuple[dict, dict]]] = {}
     for p in paths:
@@ -423,14 +423,14 @@ def main(argv=None) -> int:
                     help="instead of timing rounds: one profiled run per measure, time by component")
     ap.add_argument("--report", nargs="+", default=None, help="print the markdown table of these result files")
     ap.add_argument("--write-report", action="store_true",
-                    help="write the generated section of reports/benchmarks.md (and the README's measured "
+                    help="write the generated section of reports/benchmarks.md (and docs/library.md's measured "
                          "sentence) from benchmarks/results/floor_*.json")
     args = ap.parse_args(argv)
     if args.report:
         print(report(args.report), end="")
         return 0
     if args.write_report:
-        write_report(readme=ROOT / "README.md")
+        write_report(readme=ROOT / "docs" / "library.md")
         return 0
     root = Path(args.root)
     commit = _commit(root)            # the version measured: read before the runs

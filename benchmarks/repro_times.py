@@ -1,5 +1,6 @@
 """Per-stage wall times of a timed fresh-clone ``make repro`` (issue 16, item 8), from the log that
-``benchmarks/timed_repro.sh`` writes, into ``reports/repro_times.md`` and the README's generated block.
+``benchmarks/timed_repro.sh`` writes, into ``reports/repro_times.md`` (the site's budget page; with
+``--readme FILE``, also FILE's generated block).
 
 Log lines (one START and one END per step, UTC clock)::
 

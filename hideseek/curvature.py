@@ -179,6 +179,26 @@ class RiemannianHessian:
     measure:
         A :class:`~hideseek.measures.Measure` or its name: its geometry (``"geodesic"``,
         ``"adaptive"``, ``"euclidean"``), metric and ε define the operator.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> trace = lambda: hs.RiemannianHessian(model, [batch], "geodesic_invariant", loss_fn=mse,
+    ...                                      pairs=[pair]).trace().value     # exact: 10 products
+    >>> euclid = lambda: hs.EuclideanHessian(model, [batch], loss_fn=mse).trace().value
+    >>> before, before_e = trace(), euclid()
+    >>> A = torch.tensor([[2.0, 1.0], [0.0, 0.5]])                  # a group element, applied by hand
+    >>> with torch.no_grad():
+    ...     _ = model[0].weight.copy_(A @ model[0].weight)
+    ...     _ = model[1].weight.copy_(model[1].weight @ torch.linalg.inv(A))
+    >>> abs(trace() - before) < 1e-4 * before                        # the Riemannian trace: invariant
+    True
+    >>> abs(euclid() - before_e) > 0.5 * before_e                     # the Euclidean one is not
+    True
     """
 
     def __init__(self, model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,
@@ -503,7 +523,22 @@ class WhitenedHessian:
 
 class EuclideanHessian(RiemannianHessian):
     """The plain Hessian ``∇²f`` of the same loss from the same code (the Euclidean geometry:
-    identity metric, no connection, no projection), for comparison."""
+    identity metric, no connection, no projection), for comparison.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> H = hs.EuclideanHessian(model, [batch], loss_fn=mse)
+    >>> def loss(flat):                                               # the same loss of the 10 weights
+    ...     W0, W1 = flat[:6].reshape(2, 3), flat[6:].reshape(2, 2)
+    ...     return mse(batch[0] @ W0.T @ W1.T, batch[1])
+    >>> flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    >>> torch.allclose(H.dense(), torch.autograd.functional.hessian(loss, flat), atol=1e-5)   # dense, by autograd
+    True
+    """
 
     def __init__(self, model: nn.Module, batches: Iterable, *, loss_fn: Callable | None = None,
                  exclude: Sequence[str] = (), checks: bool = True, keep_graph: bool = False,

@@ -33,7 +33,18 @@ __all__ = ["Loss", "SharpnessInputError", "accepts_labels", "check_batches", "ch
 
 
 class SharpnessInputError(ValueError):
-    """The model, its weights or the batches are not fit for a sharpness measurement."""
+    """The model, its weights or the batches are not fit for a sharpness measurement.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5))   # left in training mode
+    >>> try:
+    ...     hs.sharpness(model, [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))], progress=False)
+    ... except hs.SharpnessInputError as err:
+    ...     print(str(err).split(" (")[0])
+    the model is in training mode
+    """
 
 
 # ---------------------------------------------------------------------------- the model

@@ -92,6 +92,17 @@ class Measure:
     geodesic — ``"invariant"``, ``"riemannian"``, ``"second_order"``; adaptive — no metric,
     ``"adaptive"``, ``"straight"``; euclidean — no metric, ``"euclidean"``, ``"straight"``.  ``Measure()`` is the paper's geodesic sharpness with
     the invariant metric.
+
+    Examples
+    --------
+    >>> import hideseek as hs
+    >>> m = hs.Measure.parse("geodesic_mixed_no_christoffel")
+    >>> m.geometry, m.metric, m.step
+    ('geodesic', 'mixed', 'straight')
+    >>> hs.Measure.parse(m.name) == m                                # a measure round-trips through its name
+    True
+    >>> hs.Measure(geometry="adaptive", p="linf").name
+    'm_apgd_linf'
     """
 
     geometry: str = "geodesic"

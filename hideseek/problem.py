@@ -59,6 +59,20 @@ class SharpnessResult:
     ``value`` is the mean of ``per_batch``; ``base_losses`` the loss at θ per batch;
     ``measure`` what was measured (``name`` is ``measure.name``, ``config`` the settings as
     a plain dict, as before).
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> res = hs.sharpness(model, [batch, batch], "geodesic_mixed", rho=0.1, n_iters=5, loss_fn=mse,
+    ...                    pairs=[pair], progress=False)
+    >>> len(res.per_batch), res.value == sum(res.per_batch) / 2       # the mean over the batches
+    (2, True)
+    >>> abs(res.base_losses[0] - mse(model(batch[0]), batch[1]).item()) < 1e-6   # the loss at θ
+    True
     """
 
     value: float
@@ -517,9 +531,6 @@ class BatchRecord:
 class SharpnessProblem:
     """One model, its batches and a measure, validated: the engine of every entry point.
 
-    >>> problem = hs.SharpnessProblem(model, batches, "adaptive", rho=0.05)    # doctest: +SKIP
-    >>> problem.run()                       # = hs.sharpness(model, batches, "adaptive", rho=0.05)  # doctest: +SKIP
-
     Built from the keywords of :func:`hideseek.sharpness` (refused in one line when unknown,
     :func:`resolve`) or from ready ``settings``.  Construction validates the settings, the
     model (unwrapped from ``DataParallel`` / ``DistributedDataParallel`` / ``torch.compile``),
@@ -530,6 +541,18 @@ class SharpnessProblem:
     Attributes after :meth:`set_up`: ``loss`` (:class:`~hideseek.inputs.Loss`), ``geometry``
     (:class:`~hideseek.geometry.space.ProductGeometry`), ``blocks`` (the GL(h) pairs measured
     on), ``perturbed`` (names of the perturbed parameters), ``n_perturbed`` (their elements).
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> problem = hs.SharpnessProblem(model, [batch], "m_apgd_l2", rho=0.05, n_iters=5, loss_fn=mse,
+    ...                              progress=False)
+    >>> direct = hs.sharpness(model, [batch], "m_apgd_l2", rho=0.05, n_iters=5, loss_fn=mse, progress=False)
+    >>> problem.run().value == direct.value                          # the engine of hs.sharpness
+    True
     """
 
     def __init__(self, model: nn.Module, batches: Iterable, measure: Measure | str = Measure(), *,

@@ -54,7 +54,20 @@ __all__ = ["RhoSuggestion", "suggest_rho"]
 @dataclass
 class RhoSuggestion:
     """``rho`` the suggested radius; ``rule`` and ``target`` what it satisfies; ``achieved``
-    the quantity at ``rho``; ``trace`` every ``(rho, quantity)`` evaluated, in order."""
+    the quantity at ``rho``; ``trace`` every ``(rho, quantity)`` evaluated, in order.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> s = hs.suggest_rho(model, [batch], "m_apgd_l2", loss_fn=mse, progress=False)
+    >>> s.rule, s.measure
+    ('loss', 'm_apgd_l2')
+    >>> (s.rho, s.achieved) in s.trace                                # every evaluation is in the trace
+    True
+    """
 
     rho: float
     rule: str
@@ -76,7 +89,20 @@ def suggest_rho(model: nn.Module, batches: Iterable, measure: Measure | str = Me
     ``progress``: a bar counting the evaluations, with the last ρ and quantity (tqdm;
     ``progress=False`` for none).
 
+    Examples
+    --------
     >>> hs.suggest_rho(model, [batch], "geodesic_mixed").rho               # doctest: +SKIP
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> s = hs.suggest_rho(model, [batch], "geodesic_invariant", loss_fn=mse, pairs=[pair], progress=False)
+    >>> loss = mse(model(batch[0]), batch[1]).item()
+    >>> abs(s.target - 0.1 * loss) < 1e-6                            # rule "loss": sharpness = 0.1 × L(θ)
+    True
+    >>> abs(s.achieved - s.target) < 0.05 * s.target                 # reached at the suggested radius
+    True
     """
     if rule not in ("loss", "correction"):
         raise ValueError(f"rule must be 'loss' or 'correction', got {rule!r}")

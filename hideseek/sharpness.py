@@ -53,11 +53,6 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
               eps: float | None = None, p: str | None = None, kind: str | None = None) -> SharpnessResult:
     """Worst-case (Auto-PGD) or average-case sharpness of ``model`` on ``batches``.
 
-    >>> hs.sharpness(model, batches, hs.Measure(metric="mixed"), rho=0.1)        # doctest: +SKIP
-    >>> hs.sharpness(model, batches, "m_apgd_linf", rho=0.002)                     # doctest: +SKIP
-    >>> hs.sharpness(model, batches, measure="geodesic", metric="mixed", christoffel=False,
-    ...              rho=0.1)                                                      # doctest: +SKIP
-
     Parameters
     ----------
     model:
@@ -167,6 +162,27 @@ def sharpness(model: nn.Module, batches: Iterable, measure: Measure | str = Meas
         ``"adaptive"``); ``christoffel`` → ``step`` (``True`` second order, ``False``
         straight, ``"exact"`` closed-form GL(1)); ``eps`` the ε relaxation ``S ↦ S + εI``;
         ``p`` ``"l2"`` / ``"linf"`` (adaptive only); ``kind`` ``"worst"`` / ``"average"``.
+
+    Examples
+    --------
+    >>> hs.sharpness(model, batches, hs.Measure(metric="mixed"), rho=0.1)        # doctest: +SKIP
+    >>> hs.sharpness(model, batches, "m_apgd_linf", rho=0.002)                     # doctest: +SKIP
+    >>> hs.sharpness(model, batches, measure="geodesic", metric="mixed", christoffel=False,
+    ...              rho=0.1)                                                      # doctest: +SKIP
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> kw = dict(rho=0.1, n_iters=5, loss_fn=mse, pairs=[pair], progress=False)
+    >>> before = hs.sharpness(model, [batch], "geodesic_invariant", **kw).value
+    >>> A = torch.tensor([[2.0, 1.0], [0.0, 0.5]])                  # a group element of GL(2), by hand
+    >>> with torch.no_grad():
+    ...     _ = model[0].weight.copy_(A @ model[0].weight)                 # W₀ ↦ A W₀
+    ...     _ = model[1].weight.copy_(model[1].weight @ torch.linalg.inv(A))  # W₁ ↦ W₁ A⁻¹: same function
+    >>> after = hs.sharpness(model, [batch], "geodesic_invariant", **kw).value
+    >>> abs(after - before) < 1e-5 * before                          # geodesic sharpness: invariant
+    True
     """
     return SharpnessProblem(model, batches, measure, rho=rho, n_iters=n_iters, seed=seed, loss_fn=loss_fn,
                             pairs=pairs, n_samples=n_samples, random_start=random_start,

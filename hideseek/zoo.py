@@ -144,6 +144,20 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
 
     Models whose forward ``torch.func.vmap`` cannot run (data-dependent control flow, in-place
     updates of buffers, ...) are refused with the reason.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> other = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> kw = dict(rho=0.1, n_iters=5, loss_fn=mse, pairs=[pair], progress=False)
+    >>> zoo = hs.sharpness_zoo([model, other], [batch], "geodesic_invariant", **kw)
+    >>> alone = [hs.sharpness(m, [batch], "geodesic_invariant", **kw).value for m in (model, other)]
+    >>> all(abs(z.value - a) < 1e-5 * a for z, a in zip(zoo, alone))   # the same values as one at a time
+    True
     """
     rhos, many = _rhos(rho)
     measure, settings = resolve("sharpness_zoo", measure, {"rho": rhos[0], **keywords})

@@ -1,4 +1,4 @@
-"""Every override the README documents works as typed: each `dvc exp run` line of the README's
+"""Every override the docs document works as typed: each `dvc exp run` line of docs/profiles.md's
 "Changing a parameter" block is run with --dry in a throw-away git copy of the working tree."""
 import re
 import shlex
@@ -17,11 +17,11 @@ NEEDS_ZOO = {"vision", "language", "language_stability"}
 
 
 def documented_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "profiles.md").read_text()
     section = text.split("### Changing a parameter", 1)[1]
     block = re.search(r"```\n(.*?)```", section, re.S).group(1)
     cmds = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("dvc exp run")]
-    assert cmds, "the README documents no override"
+    assert cmds, "docs/profiles.md documents no override"
     return cmds
 
 
@@ -60,7 +60,7 @@ def test_documented_override_runs_dry(cmd, repo_copy):
 
 
 def test_plain_override_of_an_unstated_profile_key_is_refused_by_dvc(repo_copy):
-    """Why the README documents `++`: DVC cannot override a key an empty profile section lacks."""
+    """Why docs/profiles.md documents `++`: DVC cannot override a key an empty profile section lacks."""
     res = subprocess.run([DVC, "exp", "run", "--dry", "-S", "toy.cpu.n_grid=100", "toy"], cwd=repo_copy,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode != 0 and "Could not override" in res.stdout + res.stderr

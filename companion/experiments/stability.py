@@ -52,7 +52,7 @@ TAU_COLUMNS = ["measure", "rho", "gap", "tau", "ci_low", "ci_high", "pvalue", "n
 MEMBER_COLUMNS = ["model", "seed", "train_error", "dev_error", "test_error", *GAPS, "zoo"]
 #: what the metrics file says when the profile does not run the experiment (n_zoos: 0)
 SKIPPED = ("not run in this profile (n_zoos: 0): a secondary experiment, dropped so that the profile's "
-           "make repro fits its time budget (issue 16, item 8); the gpu and paper profiles run it")
+           "make repro fits its time budget; the gpu and paper profiles run it")
 
 
 @dataclass(frozen=True)

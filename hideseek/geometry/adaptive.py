@@ -43,6 +43,13 @@ class AdaptiveGeometry(FreePart):
         Parameter names and their values at θ (one tangent tensor each).
     p:
         ``"l2"`` or ``"linf"``.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> geo = hs.AdaptiveGeometry(["w"], [torch.tensor([1.0, -2.0, 4.0])])
+    >>> geo.sqnorm_terms([torch.tensor([1.0, 1.0, 1.0])])              # ‖ξ ⊘ |θ|‖² = 1 + 1/4 + 1/16
+    [tensor(1.3125)]
     """
 
     name = "adaptive"

@@ -55,6 +55,21 @@ class PairGeometry:
         :attr:`metric` is the name and :attr:`impl` the metric object.
     eps:
         ε relaxation, ``S ↦ S + ε I`` wherever ``S`` is inverted.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> gen = torch.Generator().manual_seed(0)
+    >>> rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    >>> G, H = rand(1, 5, 2), rand(1, 4, 2)
+    >>> geo = hs.PairGeometry(G, H, metric="invariant")
+    >>> xi = geo.project(rand(1, 5, 2), rand(1, 4, 2))                  # a horizontal vector
+    >>> Lam = rand(1, 2, 2)
+    >>> vG, vH = G @ Lam, -H @ Lam.mT                                  # tangent to the orbit (G A, H A⁻ᵀ), by hand
+    >>> abs(geo.inner(*xi, vG, vH).item()) < 1e-12                    # horizontal ⟂ vertical in the metric
+    True
+    >>> all(torch.allclose(a, b) for a, b in zip(geo.project(*xi), xi))   # the projection is idempotent
+    True
     """
 
     G: Tensor

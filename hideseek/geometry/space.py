@@ -313,6 +313,23 @@ class ProductGeometry:
         :class:`~hideseek.geometry.free.FreePart` (its class or its name in
         :data:`~hideseek.geometry.free.FREE_PARTS`): :class:`AdaptiveGeometry` (default) or
         :class:`~hideseek.geometry.euclidean.EuclideanGeometry` (SAM's plain ball).
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> params = {n: p.detach() for n, p in model.named_parameters()}
+    >>> geo = hs.ProductGeometry(params, [pair.bind(params)], metric="invariant")
+    >>> G, H = params["1.weight"][None], params["0.weight"].T[None]   # the pair's stacks (B, n, h), (B, m, h)
+    >>> Lam = torch.randn(1, 2, 2)
+    >>> vertical = [G @ Lam, -H @ Lam.mT]                             # moves along the orbit only
+    >>> max(t.abs().max().item() for t in geo.project(vertical)) < 1e-6   # no horizontal part
+    True
+    >>> geo.dimension()                                               # coordinates: 6 + 4 weights
+    10
     """
 
     def __init__(self, params: Mapping[str, Tensor], blocks: Sequence[SymmetryBlock] = (), *,

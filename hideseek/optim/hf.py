@@ -35,6 +35,35 @@ class SAMTrainer(Trainer):
     ``measure``, ``rho``, ``pairs``; every other argument is the Trainer's.  The
     :class:`~hideseek.optim.sam.SAM` object (``trainer.sam``) is built on the Trainer's
     optimizer at the first step.
+
+    Examples
+    --------
+    >>> import tempfile, torch, transformers, hideseek as hs
+    >>> from hideseek.optim.hf import SAMTrainer
+    >>> class Regression(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.lin = torch.nn.Linear(3, 1)
+    ...     def forward(self, x, labels):
+    ...         return {"loss": torch.nn.functional.mse_loss(self.lin(x), labels)}
+    >>> inputs = torch.randn(16, 3, generator=torch.Generator().manual_seed(0))
+    >>> data = [{"x": x, "labels": x.sum(0, keepdim=True)} for x in inputs]
+    >>> def train(trainer_class, **sam):
+    ...     _ = torch.manual_seed(0)
+    ...     model = Regression()
+    ...     args = transformers.TrainingArguments(tempfile.mkdtemp(), max_steps=4, per_device_train_batch_size=4,
+    ...                                           learning_rate=0.1, report_to=[], save_strategy="no", use_cpu=True)
+    ...     trainer = trainer_class(model=model, args=args, train_dataset=data, **sam)
+    ...     trainer.remove_callback(transformers.trainer_callback.ProgressCallback)
+    ...     _ = trainer.train()
+    ...     return trainer, model.lin.weight.detach().clone()
+    >>> trainer, w_sam = train(SAMTrainer, sam_measure=hs.Measure(geometry="euclidean"), sam_rho=0.05)
+    >>> isinstance(trainer.sam, hs.optim.SAM), trainer.state.global_step
+    (True, 4)
+    >>> _, w_zero = train(SAMTrainer, sam_measure=hs.Measure(geometry="euclidean"), sam_rho=0.0)
+    >>> _, w_plain = train(transformers.Trainer)
+    >>> torch.allclose(w_zero, w_plain), torch.allclose(w_sam, w_plain)   # ρ = 0 is the Trainer's own step
+    (True, False)
     """
 
     def __init__(self, *args: Any, sam_measure: Measure | str = Measure(), sam_rho: float = 0.05,

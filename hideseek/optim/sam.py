@@ -61,13 +61,6 @@ def _gradient_tangent(geometry, grads: dict[str, Tensor]) -> list[Tensor]:
 class SAM(torch.optim.Optimizer):
     """Sharpness-aware minimisation with the ascent step in ``measure``'s ball.
 
-    >>> sam = hs.optim.SAM(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
-    ...                    hs.Measure(metric="mixed"), rho=0.02)              # doctest: +SKIP
-    >>> loss_fn(model(x), y).backward()                                        # doctest: +SKIP
-    >>> sam.first_step(zero_grad=True)          # to θ̃ = γ_ξ(1)                 # doctest: +SKIP
-    >>> loss_fn(model(x), y).backward()                                        # doctest: +SKIP
-    >>> sam.second_step(zero_grad=True)         # back to θ, base step with ∇L(θ̃) # doctest: +SKIP
-
     Parameters
     ----------
     model:
@@ -93,9 +86,41 @@ class SAM(torch.optim.Optimizer):
     on_unsupported:
         ``"raise"`` or ``"adaptive"``, as in :func:`hideseek.find_symmetries`.
 
+    Notes
+    -----
     Parameters that do not require gradients, are not in the base optimizer, or have no
     ``.grad`` at :meth:`first_step` are neither perturbed nor counted in the norm; a pair
     with such a parameter is dropped for that step (its other weights join the free part).
+
+    Examples
+    --------
+    >>> sam = hs.optim.SAM(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+    ...                    hs.Measure(metric="mixed"), rho=0.02)              # doctest: +SKIP
+    >>> loss_fn(model(x), y).backward()                                        # doctest: +SKIP
+    >>> sam.first_step(zero_grad=True)          # to θ̃ = γ_ξ(1)                 # doctest: +SKIP
+    >>> loss_fn(model(x), y).backward()                                        # doctest: +SKIP
+    >>> sam.second_step(zero_grad=True)         # back to θ, base step with ∇L(θ̃) # doctest: +SKIP
+    >>> import copy, torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Linear(3, 2)
+    >>> x, y = torch.randn(8, 3), torch.randn(8, 2)
+    >>> loss = lambda m: torch.nn.functional.mse_loss(m(x), y)
+    >>> ref = copy.deepcopy(model)                                    # SAM's update by hand, on a copy:
+    >>> g = torch.autograd.grad(loss(ref), list(ref.parameters()))
+    >>> norm = torch.sqrt(sum((t ** 2).sum() for t in g))
+    >>> with torch.no_grad():                                        # θ̃ = θ + ρ g / ‖g‖
+    ...     for p, t in zip(ref.parameters(), g):
+    ...         _ = p.add_(0.05 * t / norm)
+    >>> g_tilde = torch.autograd.grad(loss(ref), list(ref.parameters()))
+    >>> expected = [p.detach() - 0.1 * t for p, t in zip(model.parameters(), g_tilde)]   # θ − lr ∇L(θ̃)
+    >>> sam = hs.optim.SAM(model, torch.optim.SGD(model.parameters(), lr=0.1),
+    ...                    hs.Measure(geometry="euclidean"), rho=0.05)
+    >>> loss(model).backward()
+    >>> sam.first_step(zero_grad=True)
+    >>> loss(model).backward()
+    >>> sam.second_step(zero_grad=True)
+    >>> all(torch.allclose(p, e, atol=1e-6) for p, e in zip(model.parameters(), expected))
+    True
     """
 
     def __init__(self, model: nn.Module, base_optimizer: torch.optim.Optimizer | type, measure: Measure | str = Measure(),
@@ -278,7 +303,20 @@ def frozen_norm_stats(model: nn.Module) -> Iterator[None]:
     ``track_running_stats``) as they were before the block: wrap SAM's second forward in it
     so each step updates them once, from the pass at θ (what the canonical implementation's
     ``disable_running_stats`` does by setting momentum to 0; here the buffers are restored
-    exactly, which also covers ``momentum=None``).  LayerNorm and RMSNorm have no statistics."""
+    exactly, which also covers ``momentum=None``).  LayerNorm and RMSNorm have no statistics.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> bn = torch.nn.BatchNorm1d(3)                                  # training mode: passes update the statistics
+    >>> with hs.optim.frozen_norm_stats(bn):
+    ...     _ = bn(torch.randn(8, 3) + 5)
+    >>> bn.running_mean.abs().max().item()                            # restored exactly
+    0.0
+    >>> _ = bn(torch.randn(8, 3) + 5)
+    >>> bool(bn.running_mean.min() > 0.1)                             # outside the block they move
+    True
+    """
     saved = [(buf, buf.clone()) for m in model.modules()
              if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
              for buf in (getattr(m, k) for k in _NORM_BUFFERS) if isinstance(buf, Tensor)]

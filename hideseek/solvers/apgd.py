@@ -33,7 +33,22 @@ class SolverStep:
     ``value`` is the objective at this iteration's point, ``best`` the largest so far (for
     :func:`average_case`, the running mean), ``step_size`` Auto-PGD's current η (``None``
     for the sampling solvers), ``n_evals`` objective evaluations so far, ``seconds`` since
-    the solver started; ``batch`` is set by :func:`hideseek.sharpness` (the batch index)."""
+    the solver started; ``batch`` is set by :func:`hideseek.sharpness` (the batch index).
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> steps = []
+    >>> res = hs.sharpness(model, [batch], "m_apgd_l2", rho=0.1, n_iters=5, loss_fn=mse, progress=False,
+    ...                    callback=steps.append)
+    >>> [s.iteration for s in steps]                                  # the start, then each iteration
+    [0, 1, 2, 3, 4, 5]
+    >>> all(b.best >= a.best for a, b in zip(steps, steps[1:]))         # the best value never decreases
+    True
+    """
 
     iteration: int
     value: float
@@ -60,7 +75,19 @@ def apgd_checkpoints(n_iters: int) -> list[int]:
 
 @dataclass
 class SolverResult:
-    """Outcome of one maximisation."""
+    """Outcome of one maximisation.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> res = hs.sharpness(model, [batch], "m_apgd_l2", rho=0.1, n_iters=5, loss_fn=mse, progress=False)
+    >>> s = res.solver[0]                                            # one SolverResult per batch
+    >>> abs(s.value - res.per_batch[0]) < 1e-12, s.value == max(s.history) - s.f0
+    (True, True)
+    """
 
     value: float                 # best objective minus the objective at ξ = 0
     f0: float                    # objective at ξ = 0

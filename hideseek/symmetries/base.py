@@ -16,7 +16,20 @@ from torch import Tensor
 
 
 class UnsupportedAttentionError(ValueError):
-    """The model has attention whose GL(h) symmetry is broken or unknown to hideseek."""
+    """The model has attention whose GL(h) symmetry is broken or unknown to hideseek.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> attn = torch.nn.MultiheadAttention(8, 2, add_bias_kv=True)     # learned extra keys break GL(h)
+    >>> try:
+    ...     hs.find_symmetries(attn)
+    ... except hs.UnsupportedAttentionError as err:
+    ...     print(str(err).splitlines()[1].strip())
+    - : nn.MultiheadAttention(add_bias_kv=True) appends learned keys/values that are not part of a GL(h) pair; ...
+    >>> hs.find_symmetries(attn, on_unsupported="adaptive")           # or measure it elementwise
+    []
+    """
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,19 @@ class PairGroup:
     column pair ``(i, j)`` in ``rotary`` (the columns a rotary embedding rotates together),
     full GL on the columns in ``rotary_free``, zero elsewhere — GL(1, ℂ)^{r/2} × GL(h − r)
     (``docs/maths.md`` §12).
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> attn = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()   # width 8, 2 heads of width 4
+    >>> qk, vo = hs.find_symmetries(attn)[0].groups
+    >>> qk
+    PairGroup(kind='qk', count=2, n=9, m=9, h=4, rotary=(), rotary_free=(), group_size=1)
+    >>> qk.n == 8 + 1 and vo.m == 8                                 # the bias is a row of G; W_O has none
+    True
+    >>> qk.group_name
+    'GL(4)'
     """
 
     kind: str          # "qk", "vo", or a user label
@@ -74,7 +100,21 @@ class PairGroup:
 
 
 class SymmetryBlock:
-    """Base class; subclasses set ``module``, ``param_names``, ``groups``."""
+    """Base class; subclasses set ``module``, ``param_names``, ``groups``.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> attn = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()   # width 8, 2 heads of width 4
+    >>> block, = hs.find_symmetries(attn)
+    >>> isinstance(block, hs.SymmetryBlock)
+    True
+    >>> sorted(block.param_names)                                    # what the block owns
+    ['in_proj_bias', 'in_proj_weight', 'out_proj.weight']
+    >>> [d["group"] for d in block.describe()]
+    ['GL(4)', 'GL(4)']
+    """
 
     module: str
     param_names: tuple[str, ...]
@@ -257,6 +297,19 @@ class AttentionBlock(SymmetryBlock):
     ``rotary_free`` restrict the query/key group to the rotary subgroup (:class:`PairGroup`).  ``q_extra`` / ``k_extra``:
     further projections whose outputs meet the keys / queries in scores (DeBERTa-v2's
     position projections ``pos_query_proj`` / ``pos_key_proj``).  The output bias is in no pair.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> attn = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()   # width 8, 2 heads of width 4
+    >>> block, = hs.find_symmetries(attn)
+    >>> block.heads, block.module, [g.kind for g in block.groups]
+    (2, '', ['qk', 'vo'])
+    >>> pairs = block.split(dict(attn.named_parameters()))           # the (G, H) stacks of each kind
+    >>> merged = block.merge(pairs)                                  # and back to the parameters
+    >>> all(torch.equal(merged[n], p) for n, p in attn.named_parameters() if n in merged)
+    True
     """
 
     module: str
@@ -423,7 +476,29 @@ class _UserPair(SymmetryBlock):
 @dataclass(repr=False, eq=False)
 class DiagonalPair(_UserPair):
     """User-declared elementwise GL(1) pairs between two parameters of equal shape
-    (a diagonal linear network ``β = u ⊙ v``: ``(u a, v / a)`` per coordinate)."""
+    (a diagonal linear network ``β = u ⊙ v``: ``(u a, v / a)`` per coordinate).
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> class Diagonal(torch.nn.Module):                              # f(x) = x · (u ⊙ v)
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.u = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    ...         self.v = torch.nn.Parameter(torch.tensor([0.5, 1.0, 3.0]))
+    ...     def forward(self, x):
+    ...         return x @ (self.u * self.v)
+    >>> model = Diagonal().eval()
+    >>> batch = (torch.randn(16, 3, generator=torch.Generator().manual_seed(0)), torch.zeros(16))
+    >>> kw = dict(rho=0.1, n_iters=5, loss_fn=torch.nn.functional.mse_loss, pairs=[hs.DiagonalPair("u", "v")],
+    ...           progress=False)
+    >>> before = hs.sharpness(model, [batch], "geodesic_invariant", **kw).value
+    >>> with torch.no_grad():                                         # (u, v) ↦ (a ⊙ u, v ⊘ a): same function
+    ...     _ = model.u.mul_(torch.tensor([4.0, 0.5, 2.0]))
+    ...     _ = model.v.div_(torch.tensor([4.0, 0.5, 2.0]))
+    >>> abs(hs.sharpness(model, [batch], "geodesic_invariant", **kw).value - before) < 1e-5 * before
+    True
+    """
 
     def bind(self, params):
         u, v = params[self.g], params[self.h]
@@ -450,6 +525,20 @@ class FactorPair(_UserPair):
     the model uses only ``G Hᵀ``.  For peft's LoRA, ``lora_B.weight`` (out × r) and
     ``lora_A.weight`` (r × in): ``FactorPair("…lora_B…weight", "…lora_A…weight",
     transpose_h=True)``.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
+    >>> pair = hs.FactorPair("1.weight", "0.weight", transpose_h=True)    # W₁W₀ = G Hᵀ, G = W₁, H = W₀ᵀ
+    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
+    >>> block = pair.bind(dict(model.named_parameters()))
+    >>> block                                                         # G = W₁ (2 × 2), H = W₀ᵀ (3 × 2)
+    FactorPair('1.weight~0.weight'; factor: 1×GL(2) G2×2 H3×2)
+    >>> G, H = block.split(dict(model.named_parameters()))[0]
+    >>> torch.allclose(G[0] @ H[0].T, model[1].weight @ model[0].weight)   # the product the model uses
+    True
     """
 
     transpose_g: bool = False

@@ -53,6 +53,15 @@ class AttentionSpec:
     q_extra, k_extra: projections whose outputs also meet the keys / queries in scores
                  (DeBERTa-v2's ``pos_query_proj`` / ``pos_key_proj``), stacked with the
                  queries / keys of the same head.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> attn = torch.nn.MultiheadAttention(8, 2, bias=False)            # width 8, 2 heads, no biases
+    >>> found = hs.find_symmetries(attn)[0].describe()                  # what the built-in adapter finds
+    >>> spec = hs.AttentionSpec(module="", heads=2, qkv="in_proj_weight", o="out_proj")
+    >>> spec.bind(dict(attn.named_parameters())).describe() == found   # pass it as sharpness(pairs=[spec])
+    True
     """
 
     module: str
@@ -198,6 +207,17 @@ def declare_attention(model: nn.Module, module: str, *, heads: int, o: Proj, q: 
     into the heads), and, with ``register=True``, stored on the module so that
     :func:`find_symmetries` and ``hs.sharpness`` use it instead of any adapter.  Returns the
     :class:`AttentionSpec`; do not also pass it in ``pairs=`` when registered.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> attn = torch.nn.MultiheadAttention(8, 2, bias=False)            # width 8, 2 heads, no biases
+    >>> found = hs.find_symmetries(attn)[0].describe()                  # what the built-in adapter finds
+    >>> spec = hs.declare_attention(attn, "", heads=2, qkv="in_proj_weight", o="out_proj")   # by hand
+    >>> hs.find_symmetries(attn)                                        # the declaration is used from now on
+    [AttentionBlock(''; qk: 2×GL(4) G8×4 H8×4, vo: 2×GL(4) G8×4 H8×4)]
+    >>> hs.find_symmetries(attn)[0].describe() == found                 # the same pairs as the adapter's
+    True
     """
     modules = dict(model.named_modules())
     if module not in modules:

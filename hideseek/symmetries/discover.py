@@ -85,6 +85,20 @@ def find_symmetries(model: nn.Module, on_unsupported: str = "raise") -> list[Sym
 
     ``on_unsupported``: ``"raise"`` (default) for attention whose symmetry is broken or
     unknown, or ``"adaptive"`` to leave those parameters to the elementwise geometry.
+
+    Examples
+    --------
+    >>> import torch, hideseek as hs
+    >>> _ = torch.manual_seed(0)
+    >>> attn = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()   # width 8, 2 heads of width 4
+    >>> hs.find_symmetries(attn)
+    [AttentionBlock(''; qk: 2×GL(4) G9×4 H9×4, vo: 2×GL(4) G9×4 H8×4)]
+    >>> from hideseek.symmetries import apply_random_action
+    >>> x = torch.randn(2, 5, 8)
+    >>> before, w = attn(x, x, x)[0], attn.in_proj_weight.detach().clone()
+    >>> _ = apply_random_action(attn, generator=torch.Generator().manual_seed(1))   # a random group element
+    >>> torch.allclose(attn(x, x, x)[0], before, atol=1e-5), torch.allclose(attn.in_proj_weight, w)
+    (True, False)
     """
     if on_unsupported not in ("raise", "adaptive"):
         raise ValueError("on_unsupported must be 'raise' or 'adaptive'")

@@ -13,8 +13,8 @@ import pytest
 
 from tests import ROOT
 
-#: notebooks/<name>.ipynb under the notebook contract
-NOTEBOOKS = ["toy", "diagonal", "vision", "sam", "language", "geometry_lines"]
+#: notebooks/<name>.ipynb under the notebook contract: every notebook of the pipeline
+NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 #: companion modules whose functions are held to 80 lines: every module of the package
 MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "companion").rglob("*.py"))
 #: experiment modules that read their parameters through typed settings only: all of them

@@ -1,0 +1,328 @@
+"""The documentation site, read as a reader would: built by ``mkdocs build`` (what ``make docs``
+runs) into a temporary folder, served on 127.0.0.1 and opened page by page in a real headless
+Chromium (Debian's ``chromium``, which ``make setup`` installs), driven over the Chrome DevTools
+protocol. Every page must load with no console error, no failed or remote request (the site loads
+nothing from the network) and every image decoded; every internal link must reach a page that
+exists, and an anchor in it that exists; the companion's first page must show Table 1 and the
+paired Δτ figure; the maths must render (KaTeX, no error).
+
+``python -m tests.test_site --screenshots docs/screenshots`` builds the site and writes the
+screenshots of the two landing pages that are committed for review.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests import ROOT
+
+CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"),
+                             shutil.which("chromium-browser")) if p), None)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-default-apps", "--disable-extensions", "--mute-audio", "--hide-scrollbars",
+         "--window-size=1280,900", "--remote-debugging-port=0", "--remote-allow-origins=*"]
+#: the two landing pages: the library's and the companion's
+LANDING = {"library": "", "companion": "companion/"}
+
+
+def build_site(dest: Path) -> Path:
+    """``mkdocs build`` into ``dest`` (the same configuration as ``make docs``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(dest)],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"mkdocs build failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return dest
+
+
+class Server:
+    """The built site on 127.0.0.1 (a random free port), served from a thread."""
+
+    def __init__(self, root: Path):
+        handler = functools.partial(_QuietHandler, directory=str(root))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+class Browser:
+    """A headless Chromium with a fresh profile, one tab, spoken to over the DevTools protocol."""
+
+    def __init__(self, executable: str):
+        import websocket  # websocket-client, pinned in requirements-docs.txt
+
+        self.profile = tempfile.mkdtemp(prefix="hideseek-chromium-")
+        self.proc = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and port_file.read_text().count("\n") >= 1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"chromium did not start ({executable}, exit {self.proc.poll()})")
+            time.sleep(0.1)
+        port, path = port_file.read_text().splitlines()[:2]
+        self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=60,
+                                              suppress_origin=True)
+        self._id = 0
+        self.events: list[dict] = []
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self.call(f"{domain}.enable", session=True)
+
+    def call(self, method: str, session: bool = False, **params):
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = self.session
+        self.ws.send(json.dumps(msg))
+        while True:
+            reply = json.loads(self.ws.recv())
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def pump(self, seconds: float) -> None:
+        """Collect events for ``seconds``."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self.ws.settimeout(left)
+            try:
+                self.events.append(json.loads(self.ws.recv()))
+            except Exception:  # the socket's timeout: nothing more came
+                break
+        self.ws.settimeout(60)
+
+    def open(self, url: str, settle: float = 0.4, timeout: float = 60) -> list[dict]:
+        """Navigate and wait for the load event, then until no request is pending for ``settle``
+        seconds; return the events of this page."""
+        self.events = []
+        self.call("Page.navigate", session=True, url=url)
+        deadline = time.monotonic() + timeout
+        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not finish loading in {timeout} s")
+            self.pump(0.2)
+        while True:
+            n = len(self.events)
+            self.pump(settle)
+            if len(self.events) == n or time.monotonic() > deadline:
+                return self.events
+
+    def evaluate(self, expression: str):
+        res = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True,
+                        awaitPromise=True)
+        if "exceptionDetails" in res:
+            raise RuntimeError(f"{expression[:60]}…: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def screenshot(self, path: Path) -> None:
+        data = self.call("Page.captureScreenshot", session=True, format="png")["data"]
+        path.write_bytes(base64.b64decode(data))
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close")
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def problems(events: list[dict], origin: str) -> list[str]:
+    """Console errors, uncaught exceptions, failed or remote requests among a page's events."""
+    out = []
+    for e in events:
+        m, p = e.get("method"), e.get("params", {})
+        if m == "Runtime.exceptionThrown":
+            d = p["exceptionDetails"]
+            out.append(f"uncaught: {d.get('exception', {}).get('description') or d.get('text')}")
+        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            out.append("console.error: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"]))
+        elif m == "Log.entryAdded" and p["entry"]["level"] == "error":
+            out.append(f"log: {p['entry']['text']} {p['entry'].get('url', '')}")
+        elif m == "Network.requestWillBeSent":
+            url = p["request"]["url"]
+            if not url.startswith((origin, "data:", "blob:", "about:")):
+                out.append(f"remote request: {url}")
+        elif m == "Network.responseReceived" and p["response"]["status"] >= 400:
+            out.append(f"HTTP {p['response']['status']}: {p['response']['url']}")
+        elif m == "Network.loadingFailed" and not p.get("canceled"):
+            out.append(f"failed: {p.get('errorText')} (request {p.get('requestId')})")
+    return out
+
+
+#: what each page reports about itself, read in the page after it loaded
+PAGE_JS = r"""(() => {
+  const imgs = [...document.images].map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0}));
+  const links = [...document.querySelectorAll("a[href]")].map(a => a.href);
+  const ids = [...document.querySelectorAll("[id]")].map(e => e.id)
+      .concat([...document.querySelectorAll("a[name]")].map(e => e.name));
+  return {title: document.title, imgs, links, ids,
+          katex: document.querySelectorAll(".katex").length,
+          katexErrors: [...document.querySelectorAll(".katex-error")].map(e => e.textContent).slice(0, 5),
+          table1Rows: document.querySelectorAll("#table1 table tbody tr").length,
+          answer: [...document.querySelectorAll("img")].filter(i => i.src.endsWith("paired_delta_tau.png")
+                                                              && i.naturalWidth > 0).length};
+})()"""
+
+
+def pages(site: Path) -> list[str]:
+    return sorted(p.relative_to(site).as_posix().removesuffix("index.html")
+                  for p in site.rglob("*.html"))
+
+
+def read_site(site: Path, executable: str, screenshots: Path | None = None) -> dict:
+    """Open every page of ``site``; return what each page reported and its problems."""
+    server, browser = Server(site), Browser(executable)
+    try:
+        report = {}
+        for rel in pages(site):
+            events = browser.open(server.origin + rel)
+            info = browser.evaluate(PAGE_JS)
+            info["problems"] = problems(events, server.origin)
+            report[rel] = info
+            if screenshots is not None and rel in LANDING.values():
+                name = next(k for k, v in LANDING.items() if v == rel)
+                browser.screenshot(screenshots / f"{name}.png")
+        report["_origin"] = server.origin
+        return report
+    finally:
+        browser.close()
+        server.close()
+
+
+def broken_links(report: dict, origin: str) -> list[str]:
+    """Internal links whose page is not in the site or whose anchor is not in that page."""
+    ids = {rel: set(info["ids"]) for rel, info in report.items() if not rel.startswith("_")}
+    bad = []
+    for rel, info in report.items():
+        if rel.startswith("_"):
+            continue
+        for link in sorted(set(info["links"])):
+            if not link.startswith(origin):
+                continue
+            parsed = urllib.parse.urlsplit(link)
+            target = urllib.parse.unquote(parsed.path).lstrip("/")
+            target = target.removesuffix("index.html")
+            if target in ids:
+                if parsed.fragment and urllib.parse.unquote(parsed.fragment) not in ids[target]:
+                    bad.append(f"{rel or '/'} -> {link} (no such anchor)")
+                continue
+            try:  # not a page: a file (an image, objects.inv, …) must be served
+                with urllib.request.urlopen(urllib.parse.urlunsplit(parsed._replace(fragment=""))) as r:
+                    ok = r.status == 200
+            except urllib.error.HTTPError:
+                ok = False
+            if not ok:
+                bad.append(f"{rel or '/'} -> {link}")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def site_report(tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (make setup installs it: `make browser`, as root)")
+    site = build_site(tmp_path_factory.mktemp("site") / "site")
+    server = Server(site)   # kept up for the link check, which fetches non-page files
+    try:
+        report = read_site(site, CHROMIUM)
+        report["_bad_links"] = broken_links(report, report["_origin"])
+    finally:
+        server.close()
+    report["_pages"] = pages(site)
+    return report
+
+
+@pytest.mark.slow
+def test_every_page_loads_without_errors_and_every_image_shows(site_report):
+    bad = []
+    for rel in site_report["_pages"]:
+        info = site_report[rel]
+        bad += [f"{rel or '/'}: {p}" for p in info["problems"]]
+        bad += [f"{rel or '/'}: image not shown: {i['src']}" for i in info["imgs"] if not i["ok"]]
+    assert len(site_report["_pages"]) >= 20
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_every_internal_link_resolves(site_report):
+    n = sum(len(site_report[rel]["links"]) for rel in site_report["_pages"])
+    assert n > 100
+    assert not site_report["_bad_links"], "\n".join(site_report["_bad_links"])
+
+
+@pytest.mark.slow
+def test_the_companion_opens_on_table1_and_the_delta_tau_figure(site_report):
+    first = site_report["companion/"]
+    assert first["answer"] == 1, "the paired Δτ figure is not shown on the companion's first page"
+    table1 = (ROOT / "reports" / "table1.md").read_text(encoding="utf-8")
+    rows = sum(1 for line in table1.splitlines() if line.startswith("| ") and not line.startswith("| setting"))
+    assert first["table1Rows"] >= rows > 0, (first["table1Rows"], rows)
+
+
+@pytest.mark.slow
+def test_every_figure_and_notebook_is_in_the_site_with_its_provenance(site_report):
+    shown = {i["src"].split("/companion/figures/", 1)[-1] for rel in site_report["_pages"]
+             for i in site_report[rel]["imgs"] if i["ok"] and "/companion/figures/" in i["src"]}
+    figures = {p.relative_to(ROOT / "reports" / "figures").as_posix()
+               for p in (ROOT / "reports" / "figures").rglob("*.png")}
+    assert figures and figures <= shown, sorted(figures - shown)
+    for nb in (ROOT / "reports" / "notebooks").glob("*.ipynb"):
+        assert f"companion/notebooks/{nb.stem}/" in site_report["_pages"], nb.name
+    for stage in {f.split("/")[0] for f in figures}:
+        links = site_report[f"companion/figures/{stage}/"]["links"]
+        assert any(f"/pipeline/#stage-{stage}" in l for l in links), stage
+        assert any("/companion/notebooks/" in l and "#cell-" in l for l in links), stage
+        assert any("/commits/#commit-" in l for l in links), stage
+
+
+@pytest.mark.slow
+def test_the_maths_renders(site_report):
+    maths = site_report["maths/"]
+    assert maths["katex"] > 200 and not maths["katexErrors"], maths["katexErrors"]
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--screenshots", type=Path, required=True)
+    args = ap.parse_args()
+    if CHROMIUM is None:
+        raise SystemExit("chromium is not installed: `make browser` (as root)")
+    args.screenshots.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = read_site(build_site(Path(tmp) / "site"), CHROMIUM, screenshots=args.screenshots)
+    print("\n".join(f"{k}: {v['problems']}" for k, v in report.items() if not k.startswith("_") and v["problems"]))
