@@ -157,6 +157,120 @@ def _twice_differentiable():
     return sdpa_kernel(SDPBackend.MATH)
 
 
+# ---------------------------------------------------------------------------- the tangent space
+class TangentMetric:
+    """The tangent space of a :class:`RiemannianHessian` at θ and its metric ``g``: the layout of a
+    tangent vector (list ↔ flat), the inverse metric, the inner product, whitening ``g^{±1/2}``
+    and the metric's terms of the covariant derivative (docs/maths.md §14) — the pairs' from
+    their metric objects (:class:`_PairOps`), the free parameters' from their free part
+    (:class:`~hideseek.geometry.free.FreePart`).  No autograd through the loss happens here."""
+
+    def __init__(self, geometry: ProductGeometry) -> None:
+        self.pair_ops = [_PairOps(pg) for pg in geometry.pairs]
+        self.free: FreePart = geometry.adaptive
+        self.dtype, self.device = geometry.dtype, geometry.device
+        zeros = geometry.zeros()
+        self.shapes = [t.shape for t in zeros]
+        self.dim = sum(t.numel() for t in zeros)
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        """:attr:`RiemannianHessian.layout`."""
+        out = []
+        for i in range(len(self.pair_ops)):
+            out += [(f"pairs[{i}].G", tuple(self.shapes[2 * i])), (f"pairs[{i}].H", tuple(self.shapes[2 * i + 1]))]
+        out += [(n, tuple(s)) for n, s in zip(self.free.names, self.shapes[2 * len(self.pair_ops):])]
+        return out
+
+    def flatten(self, x: Sequence[Tensor]) -> Tensor:
+        """The flat vector (length :attr:`dim`) of a tangent list."""
+        return torch.cat([t.reshape(-1) for t in x]) if len(x) else torch.zeros(0, dtype=self.dtype)
+
+    def unflatten(self, v) -> Tangent:
+        """The tangent list of a flat vector (a tensor or a NumPy array)."""
+        v = torch.as_tensor(v, dtype=self.dtype, device=self.device).reshape(-1)
+        if v.numel() != self.dim:
+            raise ValueError(f"a flat tangent vector has {self.dim} entries (RiemannianHessian.layout), got {v.numel()}")
+        out, start = [], 0
+        for s in self.shapes:
+            n = math.prod(s)
+            out.append(v[start:start + n].reshape(s))
+            start += n
+        return out
+
+    def as_list(self, x) -> tuple[Tangent, bool]:
+        """``(tangent list, whether x was flat)`` of ``x`` in either layout (checked)."""
+        if isinstance(x, (list, tuple)):
+            if len(x) != len(self.shapes) or any(t.shape != s for t, s in zip(x, self.shapes)):
+                raise ValueError("a tangent list must match RiemannianHessian.layout: shapes "
+                                 f"{[tuple(s) for s in self.shapes]}, got {[tuple(t.shape) for t in x]}")
+            return [t.to(self.dtype) for t in x], False
+        return self.unflatten(x), True
+
+    def split(self, x: Tangent) -> tuple[list[tuple[Tensor, Tensor]], Tangent]:
+        """``([(ξ_G, ξ_H) per stack], free tensors)``."""
+        k = len(self.pair_ops)
+        return [(x[2 * i], x[2 * i + 1]) for i in range(k)], list(x[2 * k:])
+
+    # ------------------------------------------------------------------ metric
+    def inv_metric(self, g: Tangent) -> Tangent:
+        """``g⁻¹∇``: the metric dual of a Euclidean gradient (not projected)."""
+        pairs, free = self.split(g)
+        out = []
+        for ops, (gG, gH) in zip(self.pair_ops, pairs):
+            out += list(ops.inv_metric(gG, gH))
+        return out + self.free.inv_metric(free)
+
+    def inner(self, x: Tangent, y: Tangent) -> Tensor:
+        """``⟨x, y⟩_g`` at θ (a scalar)."""
+        pairs_x, free_x = self.split(x)
+        pairs_y, free_y = self.split(y)
+        total = torch.zeros((), dtype=self.dtype, device=self.device)
+        for ops, (xG, xH), (yG, yH) in zip(self.pair_ops, pairs_x, pairs_y):
+            total = total + ops.pg.inner(xG, xH, yG, yH).sum()
+        for term in self.free.inner_terms(free_x, free_y):
+            total = total + term
+        return total
+
+    def to_whitened(self, x: Tangent) -> Tangent:
+        """``w = g^{1/2} ξ`` (list layout); zero where a free parameter is exactly 0."""
+        pairs, free = self.split(x)
+        out = []
+        for ops, (xG, xH) in zip(self.pair_ops, pairs):
+            out += [xG @ ops.sqrt[0], xH @ ops.sqrt[1]]
+        return out + self.free.whiten(free)
+
+    def from_whitened(self, w: Tangent) -> Tangent:
+        """``ξ = g^{-1/2} w`` (list layout)."""
+        pairs, free = self.split(w)
+        out = []
+        for ops, (wG, wH) in zip(self.pair_ops, pairs):
+            out += [wG @ ops.isqrt[0], wH @ ops.isqrt[1]]
+        return out + self.free.unwhiten(free)
+
+    def accelerations(self, V: Tangent) -> list[tuple[Tensor, Tensor]]:
+        """The pairs' ``acceleration(V)`` (``−Γ(V, V)``), computed once per gradient field."""
+        return [ops.metric.acceleration(V[2 * i], V[2 * i + 1]) for i, ops in enumerate(self.pair_ops)]
+
+    def covariant(self, xi: Tangent, ehv: Tangent, egrad: Tangent, V: Tangent, accV) -> Tangent:
+        """``g⁻¹∇²f ξ + (D_ξ g⁻¹)∇f + Γ(ξ, V)`` from the Euclidean Hessian-vector product
+        ``ehv = ∇²f ξ``, the gradient ``egrad = ∇f``, ``V = g⁻¹∇f`` and ``accV`` =
+        :meth:`accelerations` of ``V`` (no projection)."""
+        hv = self.inv_metric(ehv)
+        pairs_x, free_x = self.split(xi)
+        _, free_g = self.split(egrad)
+        pairs_v, _ = self.split(V)
+        out: Tangent = []
+        for i, ops in enumerate(self.pair_ops):
+            (xG, xH), (vG, vH) = pairs_x[i], pairs_v[i]
+            dG, dH = ops.d_inv_metric(xG, xH, vG, vH)
+            cG, cH = ops.connection(xG, xH, vG, vH, accV[i])
+            out += [hv[2 * i] + dG + cG, hv[2 * i + 1] + dH + cH]
+        # the free part's own terms (its metric's derivative and connection: FreePart.hessian_terms)
+        return out + self.free.hessian_terms(hv[2 * len(self.pair_ops):], free_x, free_g)
+
+
 # ---------------------------------------------------------------------------- the operator
 class RiemannianHessian:
     """The Riemannian Hessian of the mean loss on the quotient at the model's weights, as a
@@ -214,67 +328,32 @@ class RiemannianHessian:
         self.model, self.loss, self.blocks = problem.model, problem.loss, problem.blocks
         self.geometry: ProductGeometry = problem.geometry
         self.batches = [problem.batch(i) for i in range(len(problem.data))]
-        self._pair_ops = [_PairOps(pg) for pg in self.geometry.pairs]
-        self._free: FreePart = self.geometry.adaptive
+        #: the tangent space and its metric (layout, whitening, the metric's terms)
+        self.space = TangentMetric(self.geometry)
         self.dtype, self.device = self.geometry.dtype, self.geometry.device
-        zeros = self.geometry.zeros()
-        self.shapes = [t.shape for t in zeros]
-        self.dim = sum(t.numel() for t in zeros)
+        self.shapes, self.dim = self.space.shapes, self.space.dim
         self.chunk = chunk if chunk is not None else (CHUNK if self.dim <= CHUNK_MAX_DIM else 1)
         # the Euclidean gradient in tangent coordinates and the gradient field V = g⁻¹∇f
         self.loss_value, self.egrad = self._value_and_grad()
-        self._V = self._inv_metric(self.egrad)
-        self._accV = [ops.metric.acceleration(self._V[2 * i], self._V[2 * i + 1])
-                      for i, ops in enumerate(self._pair_ops)]
+        self._V = self.space.inv_metric(self.egrad)
+        self._accV = self.space.accelerations(self._V)
 
-    # ------------------------------------------------------------------ layout
+    # ------------------------------------------------------------------ layout and metric
     @property
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         """``(label, shape)`` of each tensor of a tangent vector, in order: ``pairs[i].G`` /
         ``pairs[i].H`` for the i-th stack of pairs (``(B, n, h)`` / ``(B, m, h)``, the maths'
         ``(in, out)`` orientation, ``B`` over heads and layers), then the free parameters by
         name.  The flat layout concatenates them flattened row-major in this order."""
-        out = []
-        for i in range(len(self._pair_ops)):
-            out += [(f"pairs[{i}].G", tuple(self.shapes[2 * i])), (f"pairs[{i}].H", tuple(self.shapes[2 * i + 1]))]
-        out += [(n, tuple(s)) for n, s in zip(self._free.names, self.shapes[2 * len(self._pair_ops):])]
-        return out
+        return self.space.layout
 
     def flatten(self, x: Sequence[Tensor]) -> Tensor:
         """The flat vector (length :attr:`dim`) of a tangent list."""
-        return torch.cat([t.reshape(-1) for t in x]) if len(x) else torch.zeros(0, dtype=self.dtype)
+        return self.space.flatten(x)
 
     def unflatten(self, v) -> Tangent:
         """The tangent list of a flat vector (a tensor or a NumPy array)."""
-        v = torch.as_tensor(v, dtype=self.dtype, device=self.device).reshape(-1)
-        if v.numel() != self.dim:
-            raise ValueError(f"a flat tangent vector has {self.dim} entries (RiemannianHessian.layout), got {v.numel()}")
-        out, start = [], 0
-        for s in self.shapes:
-            n = math.prod(s)
-            out.append(v[start:start + n].reshape(s))
-            start += n
-        return out
-
-    def _as_list(self, x) -> tuple[Tangent, bool]:
-        if isinstance(x, (list, tuple)):
-            if len(x) != len(self.shapes) or any(t.shape != s for t, s in zip(x, self.shapes)):
-                raise ValueError("a tangent list must match RiemannianHessian.layout: shapes "
-                                 f"{[tuple(s) for s in self.shapes]}, got {[tuple(t.shape) for t in x]}")
-            return [t.to(self.dtype) for t in x], False
-        return self.unflatten(x), True
-
-    # ------------------------------------------------------------------ pieces
-    def _split(self, x: Tangent) -> tuple[list[tuple[Tensor, Tensor]], Tangent]:
-        k = len(self._pair_ops)
-        return [(x[2 * i], x[2 * i + 1]) for i in range(k)], list(x[2 * k:])
-
-    def _inv_metric(self, g: Tangent) -> Tangent:
-        pairs, free = self._split(g)
-        out = []
-        for ops, (gG, gH) in zip(self._pair_ops, pairs):
-            out += list(ops.inv_metric(gG, gH))
-        return out + self._free.inv_metric(free)
+        return self.space.unflatten(v)
 
     def project(self, x: Tangent) -> Tangent:
         """The metric-orthogonal projection onto the horizontal space (and zero where a free
@@ -283,30 +362,15 @@ class RiemannianHessian:
 
     def inner(self, x: Tangent, y: Tangent) -> Tensor:
         """The metric inner product ``⟨x, y⟩_g`` at θ (a scalar)."""
-        pairs_x, free_x = self._split(x)
-        pairs_y, free_y = self._split(y)
-        total = torch.zeros((), dtype=self.dtype, device=self.device)
-        for ops, (xG, xH), (yG, yH) in zip(self._pair_ops, pairs_x, pairs_y):
-            total = total + ops.pg.inner(xG, xH, yG, yH).sum()
-        for term in self._free.inner_terms(free_x, free_y):
-            total = total + term
-        return total
+        return self.space.inner(x, y)
 
     def to_whitened(self, x: Tangent) -> Tangent:
         """``w = g^{1/2} ξ`` (list layout); zero where a free parameter is exactly 0."""
-        pairs, free = self._split(x)
-        out = []
-        for ops, (xG, xH) in zip(self._pair_ops, pairs):
-            out += [xG @ ops.sqrt[0], xH @ ops.sqrt[1]]
-        return out + self._free.whiten(free)
+        return self.space.to_whitened(x)
 
     def from_whitened(self, w: Tangent) -> Tangent:
         """``ξ = g^{-1/2} w`` (list layout), the inverse of :meth:`to_whitened` off exact zeros."""
-        pairs, free = self._split(w)
-        out = []
-        for ops, (wG, wH) in zip(self._pair_ops, pairs):
-            out += [wG @ ops.isqrt[0], wH @ ops.isqrt[1]]
-        return out + self._free.unwhiten(free)
+        return self.space.from_whitened(w)
 
     # ------------------------------------------------------------------ autograd
     def _batch_loss(self, z: Tangent, x, y) -> Tensor:
@@ -384,23 +448,12 @@ class RiemannianHessian:
         return self._covariant(list(xi), self.euclidean_hvp(xi))
 
     def _covariant(self, xi: Tangent, ehv: Tangent) -> Tangent:
-        hv = self._inv_metric(ehv)
-        pairs_x, free_x = self._split(xi)
-        pairs_g, free_g = self._split(self.egrad)
-        pairs_v, free_v = self._split(self._V)
-        out: Tangent = []
-        for i, ops in enumerate(self._pair_ops):
-            (xG, xH), (vG, vH) = pairs_x[i], pairs_v[i]
-            dG, dH = ops.d_inv_metric(xG, xH, vG, vH)
-            cG, cH = ops.connection(xG, xH, vG, vH, self._accV[i])
-            out += [hv[2 * i] + dG + cG, hv[2 * i + 1] + dH + cH]
-        # the free part's own terms (its metric's derivative and connection: FreePart.hessian_terms)
-        return out + self._free.hessian_terms(hv[2 * len(self._pair_ops):], free_x, free_g)
+        return self.space.covariant(xi, ehv, self.egrad, self._V, self._accV)
 
     def matvec(self, x):
         """``lift(Hess f[P^h ξ])`` for ξ in the list or the flat layout (the result in the same
         layout)."""
-        xs, flat = self._as_list(x)
+        xs, flat = self.space.as_list(x)
         out = self.project(self.covariant_derivative(self.project(xs)))
         return self.flatten(out) if flat else out
 
@@ -421,7 +474,7 @@ class RiemannianHessian:
         each tangent list of a sequence; the Hessian-vector products of :attr:`chunk` columns
         share one backward pass."""
         if isinstance(X, (list, tuple)):
-            return self._matvecs([self._as_list(x)[0] for x in X])
+            return self._matvecs([self.space.as_list(x)[0] for x in X])
         X = torch.as_tensor(X, dtype=self.dtype, device=self.device)
         if X.dim() != 2 or X.shape[0] != self.dim:
             raise ValueError(f"matmat takes a ({self.dim}, k) matrix, got shape {tuple(X.shape)}")
@@ -547,5 +600,5 @@ class EuclideanHessian(RiemannianHessian):
                          checks=checks, keep_graph=keep_graph, chunk=chunk)
 
 
-__all__ = ["CHUNK", "CHUNK_MAX_DIM", "EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate",
-           "WhitenedHessian"]
+__all__ = ["CHUNK", "CHUNK_MAX_DIM", "EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TangentMetric",
+           "TraceEstimate", "WhitenedHessian"]
