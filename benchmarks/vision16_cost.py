@@ -61,10 +61,18 @@ def config_name(model) -> str:
     return f"p{model.patch_size}_w{model.width}_l{model.layers}_t{tokens}"
 
 
+def _recipe(profile: str) -> list[str]:
+    """The fine-tuning recipe this probe was written for (the 16-token pre-registration's): on the cpu profile, the
+    ``base_overrides`` of ``vision_minima_pilot`` (the recipe before the zoo at its minima), else none."""
+    from companion.params import stage_params
+
+    return list(stage_params("vision_minima_pilot", "cpu")[1]["base_overrides"]) if profile == "cpu" else []
+
+
 def _settings(profile: str, cfg: dict):
     from companion.experiments import vision_zoo as vz
 
-    s = vz.load_settings(profile)
+    s = vz.load_settings(profile, _recipe(profile))
     model = dataclasses.replace(s.model, **cfg)
     if "width" in cfg and cfg["width"] != s.model.width:
         model = dataclasses.replace(model, embed_dim=cfg["width"])   # projection width follows the width
@@ -133,7 +141,7 @@ def run(profile: str, configs: list[dict], repeats: int) -> dict:
 
     torch.set_num_threads(1)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    base = vz.load_settings(profile)
+    base = vz.load_settings(profile, _recipe(profile))
     t0 = time.perf_counter()
     data = vz.load_data(base.data, 1000)
     data_seconds = time.perf_counter() - t0
@@ -195,7 +203,7 @@ def _stage_settings(profile: str):
     from companion.experiments import vision_zoo as vz
     from companion.params import settings
 
-    s = vz.load_settings(profile)
+    s = vz.load_settings(profile, _recipe(profile))
     pilot = settings(vp.VisionPilot, "vision16_pilot", profile)
     draws = {"main": vz.member_draws(s, "main", s.n_models), "pilot": vz.member_draws(s, "pilot", pilot.n_models)}
     return s, settings(vr.VisionSettings, "vision", profile), pilot, draws

@@ -17,6 +17,8 @@ how large a τ the data could show are computed one way.
   reliability is the correlation of two parallel measurements, and the observed correlation is
   the true one times ``√(r_xx · r_yy)`` (Spearman's attenuation).
 * :func:`power` — Monte Carlo power of the two-sided test of τ = 0 at ``n`` members.
+* :func:`paired_delta_tau`, :func:`delta_power`, :func:`delta_mde` — the paired Δτ of two measures with one gap, its
+  Monte Carlo power, and the minimum Δ it detects with a given power (bisection on :func:`delta_power`).
 * :func:`spearman_brown` / :func:`spearman_brown_factor` — the retest of a mean of ``k`` parallel
   measurements (on the Pearson scale ``r = sin(πτ/2)``), and the ``k`` a target retest needs;
   :func:`retest_by_subsets` — the measured retest against the number of batches averaged.
@@ -622,3 +624,65 @@ def random_split_retest(per_batch: np.ndarray, *, n_splits: int, seed: int) -> t
     b = v[:, perms[:, h:]].mean(axis=2).T
     taus = tau_rows(a, b)
     return float(np.mean(taus)), float(np.std(taus))
+
+
+@dataclass(frozen=True)
+class MinimumDetectable:
+    """The smallest error-free Δ a paired Δτ test detects with power ``target`` (:func:`delta_mde`): ``delta`` (NaN
+    when not reached below ``delta_max``), the power there, ``power_max`` at ``delta_max`` (the largest Δ the τ scale
+    allows) and the number of power evaluations."""
+
+    delta: float
+    power: float
+    delta_max: float
+    power_max: float
+    target: float
+    evaluations: int
+
+    @property
+    def reached(self) -> bool:
+        return math.isfinite(self.delta)
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"reached": self.reached}
+
+
+def delta_mde(n: int, tau_base: float, *, retest_x: float, retest_base: float, rel_y: float, tau_between: float,
+              sign: int, n_sim: int, n_boot: int, seed: int, confidence: float = 0.95, target: float = 0.8,
+              tol: float = 0.005, max_abs_tau: float = 0.99) -> MinimumDetectable:
+    """Minimum detectable Δ of the paired Δτ test: the smallest error-free Δ ≥ 0 at which :func:`delta_power` (the
+    test's pre-registered power: ``n`` members, the reliabilities, the measures' observed τ ``tau_between``) reaches
+    ``target``, with the baseline's error-free τ held at ``tau_base`` and the other measure's at
+    ``tau_base + sign·Δ`` (so Δ is on the scale of the paper's Δ = sign·(τ_g − τ_adaptive)).
+
+    Bisection on Δ between 0 and ``delta_max`` = ``max_abs_tau − sign·tau_base`` (|τ| ≤ ``max_abs_tau``) until the
+    bracket is narrower than ``tol``; every evaluation uses the same ``seed`` (common random numbers, so the power is
+    a deterministic, nearly monotone function of Δ and the bracket is well defined). Returns the bracket's upper end,
+    whose power is ≥ ``target``; NaN when even ``delta_max`` falls short."""
+    _sign(sign)
+    if not 0.0 < target < 1.0 or not tol > 0:
+        raise ValueError(f"target must lie in (0, 1) and tol be > 0, got {target}, {tol}")
+    tau_base = _check_unit("tau_base", tau_base)
+    delta_max = max_abs_tau - sign * tau_base
+    if not delta_max > 0:
+        raise ValueError(f"tau_base = {tau_base} leaves no room for a positive Δ below |τ| = {max_abs_tau}")
+    count = [0]
+
+    def pw(d: float) -> float:
+        count[0] += 1
+        return delta_power(n, tau_base + sign * d, tau_base, retest_x=retest_x, retest_base=retest_base, rel_y=rel_y,
+                           tau_between=tau_between, sign=sign, n_sim=n_sim, n_boot=n_boot, seed=seed,
+                           confidence=confidence)
+
+    p_max = pw(delta_max)
+    if p_max < target:
+        return MinimumDetectable(float("nan"), float("nan"), delta_max, p_max, target, count[0])
+    lo, hi, p_hi = 0.0, delta_max, p_max
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        p = pw(mid)
+        if p >= target:
+            hi, p_hi = mid, p
+        else:
+            lo = mid
+    return MinimumDetectable(hi, p_hi, delta_max, p_max, target, count[0])

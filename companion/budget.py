@@ -156,7 +156,7 @@ def update_readme(readme: str | Path, text: str) -> None:
 
 
 #: the stages added since the last timed fresh-clone rebuild (labelled "new" in the block)
-NEW_STAGES = ("behaviour",)
+NEW_STAGES = ("behaviour", "ablations")
 
 
 def main(argv: list[str] | None = None) -> int:

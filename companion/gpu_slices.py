@@ -272,7 +272,8 @@ class _Vision:
         model.load_state_dict(torch.load(self.out / "start.pt", map_location="cpu", weights_only=True))
         model.to(self.device)
         d = self.data
-        vz.fit(model, d.x_pool.to(self.device), d.y_pool.to(self.device), hp, background=d.background, seed=seed)
+        vz.fit(model, d.x_pool.to(self.device), d.y_pool.to(self.device), hp, background=d.background, seed=seed,
+               warmup=t.warmup)
         wrong = (vz.predictions(model, d.x_test.to(self.device)).cpu() != d.y_test).numpy().astype(np.uint8)
         train_error = vz.error_rate(model, d.x_pool.to(self.device), d.y_pool.to(self.device))
         name = unit.replace("member", "model")

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from .inputs import SharpnessInputError, check_batch_losses, check_deterministic
 from .measures import Measure
+from .progress import with_progress
 from .symmetries.base import SymmetryBlock
 
 MODES = ("auto", True, False)
@@ -446,8 +447,6 @@ def _gather_or_raise(comm: Collectives, payload, error: str | None):
 def run_ranks(problem) -> Any:
     """:meth:`SharpnessProblem.run` in a process group: data parallel or sharded (module
     docstring); every rank returns the same :class:`~hideseek.problem.SharpnessResult`."""
-    from .problem import with_progress
-
     t_start = time.perf_counter()
     if problem.parallel == "sharded":
         comm = problem.shards.comm

@@ -26,25 +26,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from .embedding_rows import RowRecorder
-from .precision import ActivationProbe, check_loss_dtype, forward_dtype, own_loss, upcast_logits
+from .errors import SharpnessInputError
+from .precision import ActivationProbe, check_loss_dtype, forward_dtype, logits_of, own_loss, upcast_logits
 
 __all__ = ["Loss", "SharpnessInputError", "accepts_labels", "check_batches", "check_finite_loss",
            "check_model", "default_loss", "logits_of", "to_device", "unwrap_model"]
-
-
-class SharpnessInputError(ValueError):
-    """The model, its weights or the batches are not fit for a sharpness measurement.
-
-    Examples
-    --------
-    >>> import torch, hideseek as hs
-    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5))   # left in training mode
-    >>> try:
-    ...     hs.sharpness(model, [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))], progress=False)
-    ... except hs.SharpnessInputError as err:
-    ...     print(str(err).split(" (")[0])
-    the model is in training mode
-    """
 
 
 # ---------------------------------------------------------------------------- the model
@@ -182,19 +168,6 @@ def to_device(obj, device):
 
 
 # ---------------------------------------------------------------------------- outputs, losses
-def logits_of(out) -> Tensor:
-    """The logits in a model's output: the output itself, its ``.logits``, or its first entry."""
-    if isinstance(out, Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, Tensor):
-        return logits
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
-        return out[0]
-    raise SharpnessInputError(f"the model returned {type(out).__name__}, not logits (a tensor or an "
-                              "object with .logits); pass loss_fn(output, labels) -> scalar")
-
-
 def default_loss(out, y: Tensor) -> Tensor:
     """The model's own ``.loss`` when it returns one (Hugging Face models given
     ``labels``), else the mean cross-entropy of the logits — in float32 or wider whatever

@@ -37,15 +37,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["HALF", "ActivationProbe", "check_fresh_lora", "check_loss_dtype", "forward_dtype", "loss_resolution",
+from .errors import SharpnessInputError
+
+__all__ = ["HALF", "ActivationProbe", "check_fresh_lora", "check_loss_dtype", "forward_dtype", "logits_of", "loss_resolution",
            "annotate", "own_loss", "upcast_logits", "warn_zero_weights"]
 
 HALF = (torch.float16, torch.bfloat16)
 
 
 def _input_error(msg: str) -> Exception:
-    from .inputs import SharpnessInputError
     return SharpnessInputError(msg)
+
+
+def logits_of(out) -> Tensor:
+    """The logits in a model's output: the output itself, its ``.logits``, or its first entry."""
+    if isinstance(out, Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        return out[0]
+    raise SharpnessInputError(f"the model returned {type(out).__name__}, not logits (a tensor or an "
+                              "object with .logits); pass loss_fn(output, labels) -> scalar")
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -157,7 +171,6 @@ def loss_resolution(loss: Tensor, out, dtype: torch.dtype, activations: Sequence
     rounding of ``dtype`` in the direction that raises the loss — a bound, to first order, on
     what rounding them can do to a difference of two losses.  One more backward pass (the
     set-up's, with its graph kept).  ``None`` when nothing rounded takes part in the graph."""
-    from .inputs import logits_of
     try:
         z = [logits_of(out)]
     except ValueError:

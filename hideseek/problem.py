@@ -43,7 +43,7 @@ from .inputs import Loss, SharpnessInputError, check_batch_losses, check_batches
     check_model, to_device, unwrap_model
 from .measures import Measure
 from .precision import annotate as annotate_precision, check_fresh_lora
-from .progress import Progress
+from .progress import Progress, with_progress  # noqa: F401 (with_progress: re-exported, its old place)
 from .solvers.apgd import SolverResult, SolverStep, apgd, average_case
 from .symmetries.base import SymmetryBlock
 from .symmetries.discover import find_symmetries
@@ -376,17 +376,6 @@ def _random_point(geom: ProductGeometry, rho: float, gen: torch.Generator) -> li
     """A random point of the ball: a uniform direction times ``ρ r``, ``r`` uniform on [0, 1)."""
     r = float(torch.rand((), generator=gen))
     return [rho * r * t for t in geom.random_direction(gen)]
-
-
-def with_progress(data: list, desc: str, progress: bool):
-    """``data`` with a progress bar when asked and tqdm is installed, as is otherwise."""
-    if not progress:
-        return data
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return data
-    return tqdm(data, desc=desc, leave=False)
 
 
 def _warn_large_correction(ratios: list[float], rho: float) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-__all__ = ["DELAY", "Progress", "evaluation_bar"]
+__all__ = ["DELAY", "Progress", "evaluation_bar", "with_progress"]
 
 #: seconds before the iteration bar of a single-batch call appears
 DELAY = 2.0
@@ -21,6 +21,14 @@ def _tqdm():
     except ImportError:
         return None
     return tqdm
+
+
+def with_progress(data: list, desc: str, progress: bool):
+    """``data`` with a progress bar when asked and tqdm is installed, as is otherwise."""
+    tqdm = _tqdm() if progress else None
+    if tqdm is None:
+        return data
+    return tqdm(data, desc=desc, leave=False)
 
 
 class Progress:

@@ -26,7 +26,8 @@ from torch.func import vmap
 from .distributed import dist_rank, run_data_parallel
 from .inputs import SharpnessInputError, check_batch_losses, unwrap_model
 from .measures import Measure
-from .problem import BatchRecord, SharpnessProblem, SharpnessResult, resolve, with_progress
+from .problem import BatchRecord, SharpnessProblem, SharpnessResult, resolve
+from .progress import with_progress
 from .solvers.apgd import SolverResult, apgd_search
 from .utils import release_freed_memory
 

@@ -116,7 +116,8 @@ STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 def stage_sources(stage: dict) -> tuple[set[str], list[Path]]:
     argv = shlex.split(stage["cmd"])
     assert argv[:2] == ["python", "-m"], f"unexpected command {stage['cmd']!r}"
-    if argv[2] == "companion.skipped":   # the wrapper of a stage a profile may skip: it and the wrapped command
+    if argv[2] in ("companion.skipped", "companion.kernels"):   # wrappers (a stage a profile may skip; pinned
+        # CPU kernels): the wrapper and the wrapped command
         inner = stage_sources({"cmd": shlex.join(argv[argv.index("--") + 1:])})
         return {argv[2], *inner[0]}, inner[1]
     modules = {argv[2]}

@@ -13,7 +13,7 @@ from tests import ROOT
 
 DVC = str(Path(sys.executable).parent / "dvc") if (Path(sys.executable).parent / "dvc").exists() else shutil.which("dvc") or "dvc"
 #: stages that need a zoo `make repro` trains and caches (absent from a fresh copy)
-NEEDS_ZOO = {"vision", "language", "language_stability"}
+NEEDS_ZOO = {"vision", "language", "language_stability", "ablations"}
 
 
 def documented_commands() -> list[str]:

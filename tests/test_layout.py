@@ -12,7 +12,7 @@ TESTS = ROOT / "tests"
 #: the only test files directly in tests/: checks of the repository as a whole
 REPOSITORY_WIDE = {"test_docs.py", "test_dvc_deps.py", "test_dvc_overrides.py", "test_dvc_plots.py",
                    "test_layout.py", "test_packaging.py", "test_dvc_timings.py", "test_site.py",
-                   "test_doctests.py"}
+                   "test_doctests.py", "test_imports.py"}
 #: tests/companion/notebooks/ mirrors the notebooks/ folder, which the companion runs
 NOT_A_PACKAGE = {("companion", "notebooks"): ROOT / "notebooks"}
 

@@ -113,6 +113,7 @@ class Settings:
     workers: int
     threads: int | None
     budget_minutes: float
+    cpu_kernels: str | None        # CPU kernels pinned to this level (companion.kernels), checked before measuring
 
 
 def load_settings(params: Mapping[str, Any]) -> Settings:
@@ -798,7 +799,10 @@ def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *, 
     source and member names to use instead of the row's zoo (tests)."""
     from companion import metrics as cm
 
+    from companion import kernels
+
     s = load_settings(params)
+    kernels.check(s.cpu_kernels, "geometry_lines")   # the stage's command pins them (python -m companion.kernels ...)
     out = Path(out_dir)
     for sub in ("figures", "metrics", "data"):
         (out / sub).mkdir(parents=True, exist_ok=True)

@@ -117,7 +117,7 @@ def paired_settings(s: MiniLMSettings, data_dir: str | Path):
         rows={STAGE: pr.RowSpec(row="language", layout="language", data=str(data_dir), comparison="primary")},
         baseline=mp.BASELINE,
         geodesic=list(mp.GEODESIC), n_boot=p.n_boot, seed=p.seed, confidence=p.confidence,
-        power=pr.PowerSettings(n_sim=p.power_n_sim, n_boot=p.power_n_boot, seed=p.seed),
+        power=pr.PowerSettings(n_sim=p.power_n_sim, n_boot=p.power_n_boot, seed=p.seed), mde=None,
         retest_splits=pr.SplitSettings(n_splits=p.retest_splits, seed=p.seed),
         exploratory=pr.ExploratorySettings(row=STAGE, factors=[], control="train_error"))
 

@@ -10,7 +10,9 @@ over the row's members, each measure at its pre-registered radius, with the inte
 bootstrap over members (:func:`companion.analysis.paired_delta_tau`), the paper's own Δ, the Δ one
 would expect to observe if the paper's τ were the truth (attenuated by the row's reliabilities,
 :func:`companion.analysis.attenuated`), the Monte Carlo power at the paper's τ
-(:func:`companion.analysis.delta_power`) and the pre-registered verdict (:func:`verdict`).
+(:func:`companion.analysis.delta_power`), the pre-registered verdict (:func:`verdict`) and beside it the minimum Δ
+the row detects with 80 % power (:func:`companion.analysis.delta_mde`: the same power function solved for Δ by
+bisection; declared in ``reports/preregistration/ablations.md``; settings ``mde``).
 
 Nothing is measured again: every number comes from the per-member tables the zoo stages published
 (``reports/data/<stage>/``), read by one loader per table layout (:data:`LAYOUTS`); each loader checks
@@ -69,6 +71,15 @@ class PowerSettings:
 
 
 @dataclass(frozen=True)
+class MdeSettings:
+    target: float      # the power the minimum detectable Δ reaches (0.8)
+    n_sim: int
+    n_boot: int
+    seed: int
+    tol: float         # bisection to this width on Δ
+
+
+@dataclass(frozen=True)
 class SplitSettings:
     n_splits: int
     seed: int
@@ -90,6 +101,7 @@ class PairedSettings:
     seed: int
     confidence: float
     power: PowerSettings
+    mde: MdeSettings | None    # None: no minimum detectable Δ (a stage that reports the Δ without it)
     retest_splits: SplitSettings
     exploratory: ExploratorySettings
 
@@ -259,13 +271,22 @@ def delta_table(rd: RowData, s: PairedSettings) -> pd.DataFrame:
                                   retest_base=rd.reliability[base], rel_y=rd.gap_reliability, tau_between=between,
                                   sign=sign, n_sim=s.power.n_sim, n_boot=s.power.n_boot, seed=s.power.seed,
                                   confidence=s.confidence)
+        mde = None if s.mde is None else analysis.delta_mde(
+            len(gap), ptau[base], retest_x=rd.reliability[g], retest_base=rd.reliability[base], rel_y=rd.gap_reliability,
+            tau_between=between, sign=sign, n_sim=s.mde.n_sim, n_boot=s.mde.n_boot, seed=s.mde.seed,
+            confidence=s.confidence, target=s.mde.target, tol=s.mde.tol)
+        nan = float("nan")
         rows.append(dict(row=rd.name, table1_row=rd.row, stage=rd.stage, comparison=rd.comparison, measure=g,
                          baseline=base, sign=sign, delta=d.delta, ci_low=d.lo, ci_high=d.hi, n=d.n, n_boot=d.n_boot,
                          tau_geodesic=d.tau_x, tau_baseline=d.tau_base, rho_geodesic=rd.rho[g], rho_baseline=rd.rho[base],
                          tau_between=between, reliability_geodesic=rd.reliability[g],
                          reliability_baseline=rd.reliability[base], gap_reliability=rd.gap_reliability,
                          paper_delta=pdelta, expected_at_paper=expected, power=pw,
-                         expected_above_interval=bool(expected > d.hi), verdict=verdict(d.lo, d.hi, pdelta)))
+                         expected_above_interval=bool(expected > d.hi), verdict=verdict(d.lo, d.hi, pdelta),
+                         **(dict(mde=nan, mde_power=nan, mde_target=nan, mde_delta_max=nan, mde_power_max=nan,
+                                 mde_above_paper=False) if mde is None else
+                            dict(mde=mde.delta, mde_power=mde.power, mde_target=mde.target, mde_delta_max=mde.delta_max,
+                                 mde_power_max=mde.power_max, mde_above_paper=bool(not mde.reached or mde.delta > pdelta)))))
     return pd.DataFrame(rows)
 
 
@@ -329,6 +350,17 @@ def partial_table(rd: RowData, s: PairedSettings) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(control=c, n=len(gap))
 
 
+def mde_text(r) -> str:
+    """The minimum detectable Δ of a line in words (``r``: a row of :func:`delta_table`)."""
+    if not math.isfinite(r.mde_target):
+        return "minimum detectable Δ not computed"
+    if not math.isfinite(r.mde):
+        return (f"no Δ up to {r.mde_delta_max:+.2f} reaches {r.mde_target:.0%} power here (power there "
+                f"{r.mde_power_max:.2f}): inconclusive by design")
+    out = f"smallest Δ detectable with {r.mde_target:.0%} power {r.mde:+.2f}"
+    return out + (" — above the paper's Δ: inconclusive by design" if r.mde > r.paper_delta else "")
+
+
 def _ci(lo: float, hi: float) -> str:
     return f"[{lo:+.2f}, {hi:+.2f}]"
 
@@ -346,7 +378,8 @@ def finding_lines(deltas: pd.DataFrame, factors: pd.DataFrame, partial: pd.DataF
         role = "" if r.comparison == "primary" else f"; {r.comparison}"
         out.append(f"{r.row} ({r.n} members{role}), {LABELS[r.measure]} − adaptive: Δ = {r.delta:+.2f} {_ci(r.ci_low, r.ci_high)}"
                    f" (τ {r.tau_geodesic:+.2f} vs {r.tau_baseline:+.2f}); the paper's Δ {r.paper_delta:+.2f}, expected "
-                   f"here if the paper's τ held {r.expected_at_paper:+.2f}, power {r.power:.2f}: {r.verdict}.")
+                   f"here if the paper's τ held {r.expected_at_paper:+.2f}, power {r.power:.2f}: {r.verdict}; "
+                   + mde_text(r) + ".")
     for r in not_run:
         out.append(f"{r['name']} ({r['comparison']}): not compared — stage {r['stage']}, {r['reason']}.")
     if len(factors):
@@ -379,6 +412,9 @@ def table1_entries(deltas: pd.DataFrame) -> list[dict]:
                         n_models=int(g["n"].iloc[0]),
                         delta=col("delta"), ci={m: [float(g.loc[m, "ci_low"]), float(g.loc[m, "ci_high"])] for m in g.index},
                         power=col("power"), paper_delta=col("paper_delta"), expected_at_paper=col("expected_at_paper"),
+                        **({} if not np.isfinite(g["mde_target"]).all() else dict(
+                            mde={m: (float(g.loc[m, "mde"]) if math.isfinite(g.loc[m, "mde"]) else None) for m in g.index},
+                            mde_power_max=col("mde_power_max"))),
                         verdict={m: str(g.loc[m, "verdict"]) for m in g.index}))
     return out
 

@@ -133,6 +133,39 @@ def collect_lines(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, An
     return out
 
 
+#: what Table 1 shows under the MiniLM and vision rows before the stage ``ablations`` has run (no ablations.json)
+ABLATIONS_PENDING = "not computed: the stage ablations has not run yet (dvc repro ablations)"
+_ABLATION_ROWS = {"minilm": "language", "vision": "vision"}
+_ABLATION_TITLES = ("no Christoffel term (metric norm, straight step)",
+                    "no metric norm (Christoffel only: second-order step in the adaptive ball)",
+                    "ε sweep (invariant metric)")
+
+
+def pending_ablations(stages: Any = tuple(_ABLATION_ROWS)) -> list[dict[str, Any]]:
+    """The stage ``ablations``'s lines, each "not computed" (its metrics file does not exist yet), for the rows whose
+    zoo stage is among ``stages`` (a row whose own stage has not published has no ablations to wait for)."""
+    return [dict(row=row, name=name, stage="ablations", family="ablation", exploratory=True, primary=False,
+                 variant=f"ablation: {title} — exploratory; Δ columns against the full measure (not adaptive sharpness)"
+                         f"; {name} zoo", tau={m: None for m in MEASURES}, status=ABLATIONS_PENDING)
+            for name, row in _ABLATION_ROWS.items() if name in stages for title in _ABLATION_TITLES]
+
+
+def collect_ablations(metrics_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """The ablation lines of ``ablations.json`` (stage ``ablations``), grouped by Table 1 row; before that stage has
+    run (no file), its lines under the MiniLM and vision rows whose stages have published, with status "not computed"
+    (:func:`pending_ablations`)."""
+    path = Path(metrics_dir) / "ablations.json"
+    published = {p.stem for p in Path(metrics_dir).glob("*.json")}
+    data = read_metrics(path) if path.is_file() else {"table1_lines": pending_ablations(published), "profile": "–"}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in data.get("table1_lines", []):
+        if e.get("row") not in _OURS:
+            raise ValueError(f"{path}: ablation line row {e.get('row')!r} is not one of {list(_OURS)}")
+        e = {k: v for k, v in e.items() if not (k == "setting" and not v)}
+        out.setdefault(e["row"], []).append({**e, "profile": data.get("profile", "?"), "stage": "ablations"})
+    return out
+
+
 def _line_delta(e: dict[str, Any]) -> dict[str, Any] | None:
     """A geometry line's Δτ in the form :func:`_delta_columns` reads (None without one)."""
     if not e.get("delta_tau"):
@@ -189,6 +222,31 @@ def geometry_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]
     return out
 
 
+def ablation_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """``table1.md``'s table of the ablation lines (exploratory) with their Δτ against the full measure."""
+    if not lines_by_row:
+        return []
+    out = ["", "## Ablations (exploratory, stage ablations)", "",
+           "The paper's Appendix G and H.2 on the rows' zoos, pre-registered in `reports/preregistration/ablations.md` "
+           "before their values: each metric with its Christoffel term turned off (metric norm, straight step) or its "
+           "metric norm turned off (second-order step in the adaptive ball), and the ε relaxation of the invariant "
+           "metric, on a declared subset of each row's batches. τ in the column of the line's metric; Δ = "
+           "sign(paper's τ) · (τ line − τ full measure) against the full measure of the same metric, paired over the "
+           "same members and batches (Δ < 0: the ablated measure tracks the gap less well) — these Δ are not against "
+           "adaptive sharpness.", "",
+           "| setting | line | models | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " | "
+           + " | ".join(f"Δ vs full, {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
+           "|---|---|---|" + "---|" * (len(MEASURES) + len(GEODESIC))]
+    for row in PAPER_ROWS:
+        for e in lines_by_row.get(row["row"], []):
+            d = _line_delta(e)
+            deltas = ["–" if d is None or d["delta"][g] in ("", None) else
+                      f"{_fmt(d['delta'][g])} [{_fmt(d['ci'][g][0])}, {_fmt(d['ci'][g][1])}]" for g in GEODESIC]
+            out.append(f"| {e.get('setting') or row['ours']} | {e['variant']} | {e.get('n_models', '–')} | "
+                       + " | ".join(_line_cell(e, m) for m in MEASURES) + " | " + " | ".join(deltas) + " |")
+    return out
+
+
 def paper_delta(deltas: dict[str, dict[str, Any]], row: str, g: str) -> float | None:
     """The paper's Δ for ``row`` and geodesic measure ``g`` as the stage ``paired`` computed it from
     :mod:`companion.paper` (:func:`companion.experiments.paired.paper_delta`); None when no entry of that row."""
@@ -213,7 +271,23 @@ def _delta_columns(row: dict[str, Any], source: str, d: dict[str, Any] | None,
         out[f"delta_tau_{g}_ci_high"] = d["ci"][g][1] if d else ""
         out[f"power_delta_{g}"] = d["power"][g] if d else ""
         out[f"verdict_delta_{g}"] = d["verdict"][g] if d else ""
+        out[f"mde_delta_{g}"] = _mde_csv(d, g)
     return out
+
+
+def _mde_csv(d: dict[str, Any] | None, g: str) -> Any:
+    """The minimum detectable Δ of a primary line (``paired``'s entry): a number, "not reached (power p at the largest
+    Δ)" where no Δ reaches 80 % power, "not computed: …" where the entry predates it, "" on other lines."""
+    if not d or "verdict" not in d or not d["verdict"].get(g):
+        return ""
+    if "mde" not in d:
+        return "not computed: re-run the stage paired"
+    m = d["mde"].get(g)
+    return m if m is not None else f"not reached (power {d['mde_power_max'][g]:.2f} at the largest Δ)"
+
+
+def _mde_str(v: Any) -> str:
+    return f"{v:+.2f}" if isinstance(v, (int, float)) else str(v)
 
 
 def _fmt(x: Any) -> str:
@@ -379,6 +453,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
     entries = collect(metrics_dir)
     deltas = collect_deltas(metrics_dir)
     geometry = collect_lines(metrics_dir)
+    ablation_lines = collect_ablations(metrics_dir)
     apply_roles(entries, deltas)
     records: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -408,7 +483,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
             lines.append(f"| {row['ours']} | ours | – | – | – | – | – | "
                          + " | ".join(NOT_COMPUTED for _ in MEASURES) + " |")
             records.append(_record(row, "ours", None, NOT_COMPUTED, deltas=deltas))
-        for e in geometry.get(row["row"], []):
+        for e in geometry.get(row["row"], []) + ablation_lines.get(row["row"], []):
             lines.append(f"| {e.get('setting') or row['ours']} ({e['variant']}) | ours | exploratory | {e['profile']} "
                          f"| {e.get('n_models', '–')} | {_rho_str(e.get('rho'))} | – | "
                          + " | ".join(_line_cell(e, m) for m in MEASURES) + " |")
@@ -428,6 +503,7 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
         lines += ["", NOT_RUN_HEAD, "", *not_run]
     lines += delta_section(metrics_dir, entries, deltas)
     lines += geometry_section(geometry)
+    lines += ablation_section(ablation_lines)
     if (retest := retest_note(metrics_dir)) is not None:
         lines += ["", "How much data the language row would need:", "", retest]
     lines.append("")
@@ -436,7 +512,8 @@ def build(metrics_dir: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
 
 def _delta_cell(d: dict[str, Any], g: str) -> str:
     lo, hi = d["ci"][g]
-    return f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}] · power {d['power'][g]:.2f} · {d['verdict'][g]}"
+    return (f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}] · power {d['power'][g]:.2f} · {d['verdict'][g]} · "
+            f"MDE {_mde_str(_mde_csv(d, g))}")
 
 
 def delta_sentences(metrics_dir: str | os.PathLike, *, primary_only: bool = False) -> list[str]:
@@ -458,8 +535,9 @@ def delta_section(metrics_dir: str | os.PathLike, entries: dict[str, list[dict[s
     out = ["", "## Paired Δτ: is the geodesic measure the better predictor? (primary test, stage paired)", "",
            "Δ = sign(paper's τ) · (τ geodesic − τ adaptive) over the same members, positive when the geodesic "
            "measure tracks the gap more strongly in the paper's direction; paired bootstrap 95 % interval, power at "
-           "the paper's Δ with this zoo's reliabilities, and the verdict of the pre-registered rule "
-           "(`reports/preregistration/delta_tau.md`).", "",
+           "the paper's Δ with this zoo's reliabilities, the verdict of the pre-registered rule "
+           "(`reports/preregistration/delta_tau.md`), and the minimum detectable Δ (MDE: the smallest error-free Δ "
+           "this row's members and reliabilities find with 80 % power).", "",
            "| setting | source | comparison | models | " + " | ".join(f"Δ {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
            "|---|---|---|---|" + "---|" * len(GEODESIC)]
     for row in PAPER_ROWS:
@@ -498,7 +576,7 @@ def write(metrics_dir: str | os.PathLike = "reports/metrics", out_dir: str | os.
     return out / "table1.md", out / "table1.csv"
 
 
-README_BEGIN, README_END = "<!-- table1:begin (python -m companion.experiments.table1 --readme README.md) -->", \
+README_BEGIN, README_END = "<!-- table1:begin (python -m companion.experiments.table1 --readme docs/profiles.md) -->", \
     "<!-- table1:end -->"
 
 
@@ -544,7 +622,8 @@ def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
         return []
     out = ["", "Paired Δτ = sign(paper's τ) · (τ geodesic − τ adaptive) over the same members (> 0: the geodesic "
                "measure is the better predictor in the paper's direction; the primary test of the paper's claim, "
-               "pre-registered in `reports/preregistration/delta_tau.md`):", "",
+               "pre-registered in `reports/preregistration/delta_tau.md`; MDE: the smallest Δ the row detects with "
+               "80 % power):", "",
            "| setting | source | comparison | models | Δ geodesic, invariant | Δ geodesic, mixed |",
            "|---|---|---|---|---|---|"]
     for r in keep:
@@ -553,11 +632,20 @@ def readme_delta_table(rows: list[dict[str, str]]) -> list[str]:
             c = f"{float(r[f'delta_tau_{g}']):+.2f}"
             if r[f"delta_tau_{g}_ci_low"]:
                 c += (f" [{float(r[f'delta_tau_{g}_ci_low']):+.2f}, {float(r[f'delta_tau_{g}_ci_high']):+.2f}]"
-                      f" · power {float(r[f'power_delta_{g}']):.2f} · {r[f'verdict_delta_{g}']}")
+                      f" · power {float(r[f'power_delta_{g}']):.2f} · {r[f'verdict_delta_{g}']}"
+                      + (f" · MDE {_mde_str(_number(r[f'mde_delta_{g}']))}" if r.get(f"mde_delta_{g}") else ""))
             cells.append(c)
         n = r["n_models"] or (str(paper.TABLE1_N_MODELS[r["row"]]) if r["source"] == "paper" else "–")
         out.append(f"| {r['setting']} | {r['source']} | {r['comparison'] or '–'} | {n} | " + " | ".join(cells) + " |")
     return out
+
+
+def _number(v: str) -> Any:
+    """A CSV cell back to a number where it is one (the MDE column holds numbers or a reason)."""
+    try:
+        return float(v)
+    except ValueError:
+        return v
 
 
 def _csv_cell(r: dict[str, str], m: str) -> str:

@@ -17,6 +17,7 @@ hyperparameters, train and test error separately) is **exploratory**.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ class VisionSettings:
     workers: int
     threads: int | None
     device: str
+    cpu_kernels: str | None               # CPU kernels pinned to this level (companion.kernels): checked on cpu
+    cluster_factors: list[str]            # drawn binary factors checked for splitting the gap into clusters
+    cluster_auc: float                    # a factor splits the gap when its AUC is >= this or <= 1 - this
 
 
 @dataclass
@@ -79,6 +83,9 @@ class VisionReport:
     findings: list[str]        # sentences generated from the numbers
     metrics: dict
     seconds: dict              # wall-clock times (sharpness in total and per measure): timings/vision.json only
+    clusters: list = dataclasses.field(default_factory=list)   # gap_clusters: which drawn factor splits the gap
+    split: dict | None = None                 # the splitting factor farthest from AUC 0.5 (None: none splits)
+    split_levels: pd.Series | None = None     # each member's level of that factor (figure 4 colours them)
 
 
 def load_settings(profile: str, params: dict) -> VisionSettings:
@@ -208,6 +215,47 @@ def finding_lines(primary: pd.DataFrame, rel: float, n_test: int, labels: dict[s
     return out
 
 
+def gap_clusters(members: pd.DataFrame, factors: list[str], threshold: float) -> list[dict]:
+    """Does a drawn binary factor split the gap into separate clusters? (reports/preregistration/vision_minima.md,
+    section 3.) For each factor (levels as :func:`companion.experiments.paired.factor_levels` reads them): the
+    Mann–Whitney AUC, the probability that a member of the second level (sorted) has a larger gap than a member
+    of the first (ties count one half), over all pairs; it splits the gap when the AUC is ``>= threshold`` or
+    ``<= 1 - threshold``. A factor whose column the members lack (the paper's checkpoints record none) or that
+    takes one level only is not a factor here and is left out."""
+    from companion.experiments.paired import factor_levels
+
+    out = []
+    for f in factors:
+        col = f[:-3].strip() if f.endswith("> 0") else f
+        if col not in members or (not f.endswith("> 0") and members[col].nunique() != 2):
+            continue
+        levels = factor_levels(members, f)
+        names = sorted(levels.unique())
+        if len(names) != 2:
+            continue
+        a = members["gap"][levels == names[0]].to_numpy(float)
+        b = members["gap"][levels == names[1]].to_numpy(float)
+        diff = b[:, None] - a[None, :]
+        auc = float((np.sum(diff > 0) + 0.5 * np.sum(diff == 0)) / diff.size)
+        out.append(dict(factor=f, low=names[0], high=names[1], n_low=len(a), n_high=len(b), auc=auc,
+                        splits=bool(auc >= threshold or auc <= 1 - threshold)))
+    return out
+
+
+def cluster_line(clusters: list[dict], threshold: float) -> str:
+    """The findings sentence of :func:`gap_clusters`."""
+    split = [c for c in clusters if c["splits"]]
+    if split:
+        return "The gap splits into separate clusters by " + "; ".join(
+            f"{c['factor']} (AUC {c['auc']:.2f}: {c['high']} against {c['low']})" for c in split) + \
+            f" (a drawn binary factor with AUC >= {threshold:g} or <= {1 - threshold:g}; figure 4 colours its levels)."
+    if not clusters:
+        return "No drawn binary factor to check for clusters of the gap."
+    far = max(clusters, key=lambda c: abs(c["auc"] - 0.5))
+    return (f"No drawn binary factor splits the gap into separate clusters (AUC within ({1 - threshold:g}, "
+            f"{threshold:g}); farthest from 0.5: {far['factor']}, {far['auc']:.2f}).")
+
+
 def report_metrics(primary: pd.DataFrame, fields: dict, members: pd.DataFrame, curve: pd.DataFrame,
                    rel_curve: pd.DataFrame, src, s: VisionSettings, lines: list[str]) -> dict:
     """The stage's metrics (layout: :mod:`companion.metrics`; Table 1 entry per the issue-16 contract)."""
@@ -269,7 +317,11 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     timing."""
     from companion import metrics as cm
 
+    from companion import kernels
+
     s = load_settings(profile, params)
+    if s.device == "cpu":   # the stage's command pins them (python -m companion.kernels vision -- ...)
+        kernels.check(s.cpu_kernels, "vision")
     out = Path(out_dir)
     for sub in ("figures", "metrics", "data"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -292,7 +344,10 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     n_failed = int(members["did_not_fit"].sum())
     lines = finding_lines(primary, rel, int(src.meta["n_test"]) if "n_test" in src.meta else 0, labels, n_failed,
                           s.max_train_error)
+    clusters = gap_clusters(members, s.cluster_factors, s.cluster_auc)
+    lines.append(cluster_line(clusters, s.cluster_auc))
     metrics = report_metrics(primary, fields, members, curve, rel_curve, src, s, lines)
+    metrics["gap_clusters"] = clusters
     cm.write_stage_metrics(out, STAGE, metrics)
     data = out / "data"
     frames = sharpness_table(primary_frame, explore, s.n_images // s.batch_size)
@@ -308,7 +363,12 @@ def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: boo
     timing = dict(sharpness=seconds, per_measure=frames.groupby("measure")["seconds"].agg(["mean", "sum"])
                   .to_dict(orient="index"))
     cm.write_stage_timings(out, STAGE, timing)
-    return VisionReport(members, primary, curve, rel_curve, between, hp_rank, labels, lines, metrics, timing)
+    split = max((c for c in clusters if c["splits"]), key=lambda c: abs(c["auc"] - 0.5), default=None)
+    from companion.experiments.paired import factor_levels
+
+    levels = factor_levels(members, split["factor"]) if split else None
+    return VisionReport(members, primary, curve, rel_curve, between, hp_rank, labels, lines, metrics, timing, clusters,
+                        split, levels)
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ from companion.experiments.glyphs import GlyphSpec, generate
 
 STAGE = "vision_train"
 TIMINGS = Path("reports/timings/vision_train.json")
-#: Random streams of the members (see the module docstring).
-STREAMS = {"main": 0, "pilot": 1}
+#: Random streams of the members (see the module docstring); ``minima_pilot``: the pilot of the fit criterion
+#: (:mod:`.vision_minima_pilot`, reports/preregistration/vision_minima.md).
+STREAMS = {"main": 0, "pilot": 1, "minima_pilot": 2}
 
 
 # --------------------------------------------------------------------------- settings
@@ -130,6 +131,8 @@ class VisionTrain:
     model: ViTConfig
     pretrain: Pretrain
     ranges: Ranges
+    warmup: float          # fraction of each member's fine-tuning steps with a linear learning-rate warm-up (0: none)
+    cpu_kernels: str | None  # CPU kernels pinned to this level (companion.kernels; the CLI restarts itself with them)
 
 
 def load_settings(profile: str | None = None, overrides=(), *, path=None) -> VisionTrain:
@@ -284,9 +287,32 @@ class Hparams:
     mixup_alpha: float
 
 
+def lr_factor(step: int, total: int, warmup_steps: int) -> float:
+    """The learning rate of optimiser step ``step`` (0-based) as a fraction of the drawn rate.
+
+    Steps ``0 .. warmup_steps - 1``: linear warm-up, ``(step + 1) / warmup_steps``; then a cosine decay
+    from 1 to 0 over the remaining ``total - warmup_steps`` steps. ``warmup_steps = 0``: the cosine decay over
+    all ``total`` steps, ``0.5 (1 + cos(pi step / total))`` (the recipe before the warm-up existed).
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    rest = max(1, total - warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup_steps, rest) / rest))
+
+
+def warmup_steps(warmup: float, total: int) -> int:
+    """The number of warm-up steps: ``round(warmup * total)``; ``warmup`` must lie in [0, 1)."""
+    if not 0.0 <= warmup < 1.0:
+        raise ValueError(f"warmup must be a fraction of the steps in [0, 1), got {warmup}")
+    return int(round(warmup * total))
+
+
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hp: Hparams, *, background: float,
-        seed: int) -> nn.Module:
+        seed: int, warmup: float = 0.0) -> nn.Module:
     """AdamW with a cosine learning-rate decay over all steps; deterministic given ``seed``.
+
+    ``warmup`` > 0: the first ``round(warmup * steps)`` steps warm the rate up linearly, and the cosine
+    decay runs over the rest (:func:`lr_factor`).
 
     ``hp.mixup_alpha > 0``: every batch is mixed with a permutation of itself, the weight
     drawn from Beta(alpha, alpha) (:func:`mixup_batch`, :func:`mixup_loss`).
@@ -296,7 +322,8 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hp: Hparams, *, back
     opt = torch.optim.AdamW(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     n = len(y)
     total = max(1, hp.epochs * math.ceil(n / hp.batch_size))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    n_warm = warmup_steps(warmup, total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, n_warm))
     model.train()
     for _ in range(hp.epochs):
         perm = torch.randperm(n, generator=gen)
@@ -413,22 +440,34 @@ def pretrain(s: VisionTrain, data: ZooData) -> tuple[GlyphViT, dict]:
 _WORKER: dict = {}
 
 
+def _kernels(s: VisionTrain) -> dict:
+    """The kernels in force in this process (:func:`companion.kernels.cpu_kernels`); on cpu with
+    ``s.cpu_kernels`` set, refused unless they are the pinned ones (:func:`companion.kernels.check`)."""
+    from companion import kernels
+
+    if s.device == "cpu":
+        kernels.check(s.cpu_kernels, "vision_train")
+    return kernels.cpu_kernels()
+
+
 def _worker_init(s: VisionTrain, n_test: int | None, init_state: dict) -> None:
     from hideseek.utils import set_threads
 
     set_threads(s.threads)
-    _WORKER.update(settings=s, data=load_data(s.data, n_test), init=init_state)
+    _WORKER.update(settings=s, data=load_data(s.data, n_test), init=init_state, kernels=_kernels(s))
 
 
-def _train_one(task: tuple[str, int, Hparams, int, str]) -> tuple[dict, np.ndarray]:
-    """Fine-tune one member from the shared start (data and start from :func:`_worker_init`); save it."""
+def _train_one(task: tuple[str, int, Hparams, int, str]) -> tuple[dict, np.ndarray, dict]:
+    """Fine-tune one member from the shared start (data and start from :func:`_worker_init`); save it.
+    Returns the member's record, its per-example test errors and the kernels its process ran."""
     name, index, hp, seed, out = task
     s, data = _WORKER["settings"], _WORKER["data"]
     model = build_model(s)
     model.load_state_dict(_WORKER["init"])
     model.to(s.device)
     t0 = time.perf_counter()
-    fit(model, data.x_pool.to(s.device), data.y_pool.to(s.device), hp, background=data.background, seed=seed)
+    fit(model, data.x_pool.to(s.device), data.y_pool.to(s.device), hp, background=data.background, seed=seed,
+        warmup=s.warmup)
     seconds = time.perf_counter() - t0
     wrong = (predictions(model, data.x_test.to(s.device)).cpu() != data.y_test).numpy().astype(np.uint8)
     train_error = error_rate(model, data.x_pool.to(s.device), data.y_pool.to(s.device))
@@ -436,7 +475,7 @@ def _train_one(task: tuple[str, int, Hparams, int, str]) -> tuple[dict, np.ndarr
     test_error = float(wrong.mean())
     record = dict(name=name, file=f"{name}.pt", index=index, seed=seed, hparams=asdict(hp), train_error=train_error,
                   test_error=test_error, gap=test_error - train_error, train_seconds=seconds)
-    return record, wrong
+    return record, wrong, _WORKER["kernels"]
 
 
 def train_zoo(out: str | Path, s: VisionTrain, *, stream: str = "main", n_models: int | None = None,
@@ -454,6 +493,7 @@ def train_zoo(out: str | Path, s: VisionTrain, *, stream: str = "main", n_models
     if s.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {s.device!r} requested but CUDA is not available; use the cpu profile")
     set_threads(s.threads)
+    main_kernels = _kernels(s)      # before anything is trained: refused here if the pin is not in force
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_models = s.n_models if n_models is None else n_models
@@ -480,12 +520,17 @@ def train_zoo(out: str | Path, s: VisionTrain, *, stream: str = "main", n_models
             results.append(_train_one(t))
             bar.update()
     bar.close()
-    members = [r for r, _ in results]
-    np.save(out / "test_errors.npy", np.stack([w for _, w in results]))
+    members = [r for r, _, _ in results]
+    seen = [k for _, _, k in results]
+    if any(k != main_kernels for k in seen):
+        raise RuntimeError(f"vision_train: the members' processes ran other CPU kernels than the main process "
+                           f"({main_kernels}): {[k for k in seen if k != main_kernels][0]}")
+    np.save(out / "test_errors.npy", np.stack([w for _, w, _ in results]))
     timings = dict(pretrain=t_pre, total=time.perf_counter() - t0,
                    members={m["name"]: m.pop("train_seconds") for m in members})
     meta = dict(kind="vision", stream=stream, settings=json.loads(json.dumps(asdict(s))), n_test=len(data.y_test),
-                pretrain=pre, init="init.pt", members=members, test_errors="test_errors.npy")
+                pretrain=pre, init="init.pt", members=members, test_errors="test_errors.npy",
+                cpu_kernels=main_kernels)   # the kernels every member's training ran (pinned: the same on any x86-64)
     (out / "zoo.json").write_text(json.dumps(meta, indent=1))
     return dict(meta, timings=timings)
 
@@ -559,8 +604,9 @@ class GlyphZoo:
 
 
 def zoo_settings(meta: dict) -> VisionTrain:
-    """The settings a trained zoo recorded."""
-    return settings_from_mapping(VisionTrain, STAGE, "cpu", meta["settings"])
+    """The settings a trained zoo recorded (a zoo trained before the warm-up and kernel settings existed had
+    neither: warm-up 0, the processor's own kernels)."""
+    return settings_from_mapping(VisionTrain, STAGE, "cpu", {"warmup": 0.0, "cpu_kernels": None, **meta["settings"]})
 
 
 def load_member(config: ViTConfig, image_size: int, n_classes: int, file: str | Path, device: str = "cpu") -> GlyphViT:
@@ -640,8 +686,13 @@ def main(argv: list[str] | None = None) -> int:
             return cli_build("clip_soups", args.out, raw, progress=not args.no_progress,
                              inherited=[f.name for f in fields(VisionTrain)])   # the recipe, unused here
         s = load_settings(profile, args.overrides, path=args.params)
-    except ParamsError as exc:
+        from companion import kernels
+
+        kernels.validate(s.cpu_kernels)
+    except (ParamsError, ValueError) as exc:
         parser.error(str(exc))
+    if s.device == "cpu":   # the kernels are chosen when torch loads: restart once with the pinned environment
+        kernels.reexec(s.cpu_kernels, "companion.experiments.vision_zoo", argv)
     meta = train_zoo(args.out, s, progress=not args.no_progress)
     write_timings(Path(args.timings), meta["timings"])
     gaps = [m["gap"] for m in meta["members"]]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..geometry.metrics import get_metric
-from . import geodesic_rk4
+from .pairs import geodesic_rk4
 
 
 def dense_riemannian_hessian(loss: Callable[[Tensor], Tensor], theta: Tensor,

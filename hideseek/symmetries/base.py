@@ -14,22 +14,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-
-class UnsupportedAttentionError(ValueError):
-    """The model has attention whose GL(h) symmetry is broken or unknown to hideseek.
-
-    Examples
-    --------
-    >>> import torch, hideseek as hs
-    >>> attn = torch.nn.MultiheadAttention(8, 2, add_bias_kv=True)     # learned extra keys break GL(h)
-    >>> try:
-    ...     hs.find_symmetries(attn)
-    ... except hs.UnsupportedAttentionError as err:
-    ...     print(str(err).splitlines()[1].strip())
-    - : nn.MultiheadAttention(add_bias_kv=True) appends learned keys/values that are not part of a GL(h) pair; ...
-    >>> hs.find_symmetries(attn, on_unsupported="adaptive")           # or measure it elementwise
-    []
-    """
+from ..errors import UnsupportedAttentionError  # noqa: F401 (re-exported: its old place)
 
 
 @dataclass(frozen=True)

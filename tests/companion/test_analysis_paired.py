@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from companion import analysis as A
+from companion import analysis
 
 
 def _data(n=12, seed=0):
@@ -148,3 +149,56 @@ def test_random_split_retest_against_a_loop():
     assert (mean, sd) == pytest.approx((np.mean(taus), np.std(taus)), abs=1e-12)
     with pytest.raises(ValueError, match="even number"):
         A.random_split_retest(v[:, :5], n_splits=2, seed=0)
+
+
+# --------------------------------------------------------------------------- minimum detectable Δ
+
+
+def _independent_delta_hat(n, tau_x, tau_b, rel_x, rel_b, rel_y, r_xb, n_sim, seed):
+    """Observed Δτ = τ(X, Y) − τ(B, Y) of simulated zoos, written out independently: a latent trivariate normal with
+    Pearson correlations sin(πτ/2) (and r_xb between the measures), each variable seen through independent noise of
+    reliability ``rel`` (variance share), τ-b by scipy."""
+    rng = np.random.default_rng(seed)
+    rxy, rby = np.sin(np.pi * tau_x / 2), np.sin(np.pi * tau_b / 2)
+    cov = np.array([[1, r_xb, rxy], [r_xb, 1, rby], [rxy, rby, 1]])
+    rel = np.sqrt([rel_x, rel_b, rel_y])
+    out = []
+    for _ in range(n_sim):
+        lat = rng.multivariate_normal(np.zeros(3), cov, size=n)
+        obs = rel * lat + np.sqrt(1 - rel ** 2) * rng.standard_normal((n, 3))
+        out.append(stats.kendalltau(obs[:, 0], obs[:, 2]).statistic - stats.kendalltau(obs[:, 1], obs[:, 2]).statistic)
+    return np.array(out)
+
+
+@pytest.mark.slow
+def test_minimum_detectable_delta_against_a_normal_approximation_of_an_independent_simulation():
+    n, tau_b, retest = 40, 0.06, 0.7
+    rel = math.sin(math.pi * retest / 2)                 # the reliability (variance share) delta_power gives a retest
+    tau_between = 0.3                                    # disattenuated: sin(0.15π)/rel, no clipping at these τ
+    r_xb = math.sin(math.pi * tau_between / 2) / rel
+    kw = dict(retest_x=retest, retest_base=retest, rel_y=0.9, tau_between=tau_between, sign=1, n_sim=300, n_boot=300,
+              seed=5)
+    m = analysis.delta_mde(n, tau_b, tol=0.01, **kw)
+    assert m.reached and 0 < m.delta < m.delta_max and m.power >= 0.8 and m.evaluations > 3
+    # the bisection's bracket: just below the MDE the same Monte Carlo (same seed) falls short of 0.8
+    assert analysis.delta_power(n, tau_b + m.delta - 0.01, tau_b, **kw) < 0.8
+    # independent reference: at the MDE the observed Δ's mean is about (z_0.975 + z_0.8) standard errors above 0, i.e.
+    # a normal approximation of the test gives power 0.8 there
+    d = _independent_delta_hat(n, tau_b + m.delta, tau_b, rel, rel, 0.9, r_xb, 1500, seed=11)
+    ratio = d.mean() / d.std(ddof=1)
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
+    assert ratio == pytest.approx(z, abs=0.35)
+    assert stats.norm.cdf(ratio - stats.norm.ppf(0.975)) == pytest.approx(0.8, abs=0.1)
+
+
+@pytest.mark.slow
+def test_minimum_detectable_delta_grows_as_members_fall_and_is_not_reached_by_a_tiny_noisy_zoo():
+    kw = dict(retest_x=0.8, retest_base=0.8, rel_y=0.9, tau_between=0.4, n_sim=200, n_boot=200, seed=3, tol=0.02)
+    big, small = analysis.delta_mde(80, -0.41, sign=-1, **kw), analysis.delta_mde(30, -0.41, sign=-1, **kw)
+    assert big.reached and small.reached and big.delta < small.delta
+    assert big.delta_max == pytest.approx(0.99 - 0.41)    # τ_g = τ_base − Δ may reach −0.99
+    tiny = analysis.delta_mde(5, 0.06, retest_x=0.2, retest_base=0.2, rel_y=0.3, tau_between=0.1, sign=1, n_sim=100,
+                              n_boot=100, seed=3)
+    assert not tiny.reached and math.isnan(tiny.delta) and tiny.power_max < 0.8 and tiny.evaluations == 1
+    with pytest.raises(ValueError, match="no room"):
+        analysis.delta_mde(30, 0.99, sign=1, **kw)

@@ -102,7 +102,7 @@ def test_a_slice_runs_end_to_end_without_the_packages_the_gpu_machine_lacks(tmp_
         s = paired.load_settings({"rows": {row: {"row": row, "layout": row, "data": str(d), "comparison": "primary"}}, "baseline": "adaptive",
                                   "geodesic": ["geodesic_invariant", "geodesic_mixed"], "n_boot": 20, "seed": 0,
                                   "confidence": 0.95, "power": {"n_sim": 2, "n_boot": 10, "seed": 0},
-                                  "retest_splits": {"n_splits": 3, "seed": 0},
+                                  "mde": None, "retest_splits": {"n_splits": 3, "seed": 0},
                                   "exploratory": {"row": row, "factors": [], "control": "train_error"}})
         rd = paired.load_row(row, s.rows[row], s)
         assert len(rd.values["adaptive"]) == 3

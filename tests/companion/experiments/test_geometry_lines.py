@@ -34,7 +34,7 @@ def _settings(**kw):
          "hessian": {"method": "hutchinson", "keep_graph": True, "probe_seed": 0}, "baseline": "adaptive",
          "n_boot": 200, "seed": 24, "confidence": 0.95, "power": {"n_sim": 20, "n_boot": 50, "seed": 24},
          "retest_splits": {"n_splits": 20, "seed": 24}, "max_correction_ratio": 0.5, "workers": 1, "threads": 1,
-         "budget_minutes": 25}
+         "budget_minutes": 25, "cpu_kernels": None}
     p.update(kw)
     return p
 

@@ -158,7 +158,8 @@ def _vision_params(a, **kw):
                 rho={"adaptive": 0.1, "geodesic_invariant": 0.01, "geodesic_mixed": 0.01},
                 exploratory_rho={"adaptive": [0.1], "geodesic_invariant": [0.01], "geodesic_mixed": [0.01]},
                 retest=False, max_train_error=0.5, n_boot=20, n_splits=10, power={"alpha": 0.05, "n_sim": 50, "seed": 0},
-                workers=1, threads=1, device="cpu") | kw
+                workers=1, threads=1, device="cpu", cpu_kernels=None,
+                cluster_factors=["shift"], cluster_auc=0.9) | kw
 
 
 def test_vision_stage_measures_the_clip_zoo_as_a_direct_call(clip_assets):

@@ -39,8 +39,8 @@ def test_table1_columns_order_and_ceiling_sentence(tmp_path):
                              **rel}])
     _write(mdir, "diagonal", {"row": "diagonal", "variant": "old", "tau": TAU, "n_models": 50})
     md, csv_path = table1.write(mdir, tmp_path)
-    rows = [r for r in csv.DictReader(csv_path.open()) if r["source"] == "ours"]
-    vision = [r for r in rows if r["row"] == "vision"]
+    rows = [r for r in csv.DictReader(csv_path.open()) if r["source"] == "ours" and r["stage"] != "ablations"]
+    vision = [r for r in rows if r["row"] == "vision"]   # (the ablations stage's "not computed" lines aside)
     assert [r["comparison"] for r in vision] == ["primary", "exploratory"]        # primary first
     prim = vision[0]
     assert float(prim["gap_reliability"]) == 0.1
@@ -60,15 +60,15 @@ def test_table1_columns_order_and_ceiling_sentence(tmp_path):
 
 
 def test_readme_table1_block_is_generated_from_the_committed_table():
-    """The README's Table 1 summary is what readme_summary makes of reports/table1.csv
-    (no number typed by hand, none stale)."""
+    """The Table 1 summary (docs/profiles.md; the README carries the findings block) is what
+    readme_summary makes of reports/table1.csv (no number typed by hand, none stale)."""
     from pathlib import Path
 
     from companion.experiments.table1 import (README_BEGIN, README_END, delta_sentences, not_run_notes, readme_notes,
                                               readme_summary, retest_note)
 
     root = ROOT
-    text = (root / "README.md").read_text()
+    text = (root / "docs" / "profiles.md").read_text()
     block = text[text.index(README_BEGIN):text.index(README_END) + len(README_END)]
     note = retest_note(root / "reports" / "metrics")          # the language row's data need (exploratory)
     assert note is None or note in block                      # None: its stage not run in this profile
@@ -168,7 +168,8 @@ def test_a_superseded_row_is_shown_secondary_with_its_numbers_and_delta(tmp_path
                                                                                  delta("minilm", "primary", 0.07)],
                                                   "findings": ["head"], "findings_primary": ["head"]}))
     md, csvp = table1.write(mdir, tmp_path)
-    ours = [r for r in csv.DictReader(open(csvp)) if r["row"] == "language" and r["source"] == "ours"]
+    ours = [r for r in csv.DictReader(open(csvp)) if r["row"] == "language" and r["source"] == "ours"
+            and r["stage"] != "ablations"]
     assert [(r["stage"], r["comparison"]) for r in ours] == [("minilm", "primary"), ("language", role),
                                                             ("language", "exploratory")]
     assert [r["comparison"] for r in ours].count("primary") == 1          # one primary line per row
@@ -184,5 +185,5 @@ def test_a_superseded_row_is_shown_secondary_with_its_numbers_and_delta(tmp_path
     # without the stage paired's roles every stage keeps its own label
     (mdir / "paired.json").unlink()
     _, records = table1.build(mdir)
-    assert [r["comparison"] for r in records if r["row"] == "language" and r["source"] == "ours"] == [
-        "primary", "primary", "exploratory"]
+    assert [r["comparison"] for r in records if r["row"] == "language" and r["source"] == "ours"
+            and r["stage"] != "ablations"] == ["primary", "primary", "exploratory"]

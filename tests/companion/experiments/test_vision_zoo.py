@@ -15,7 +15,7 @@ from tests import ROOT
 TINY = ["n_models=2", "workers=1", "threads=1", "data.n_train=60", "data.n_test=50", "data.spec.image_size=8",
         "data.spec.render=16", "model.width=8", "model.heads=2", "model.embed_dim=8", "model.patch_size=4",
         "pretrain.epochs=1", "pretrain.batch_size=32", "ranges.epochs=[1,1]", "ranges.batch_size=[16,32]",
-        "ranges.p_mixup=1.0"]
+        "ranges.p_mixup=1.0", "cpu_kernels=null"]   # the processor's own kernels (the pinned path: its own test)
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +238,48 @@ def test_source_of_a_generated_zoo_reads_what_the_stages_read(tiny, tmp_path):
     assert list(src.member_table().index) == names and src.member_table()["gap"].tolist() == [m["gap"] for m in meta["members"]]
     stored = np.load(tmp_path / "test_errors.npy")
     assert np.array_equal(src.eval_errors(names), stored) and np.array_equal(src.eval_errors(names[::-1]), stored[::-1])
+
+
+def test_lr_schedule_warm_up_then_cosine_by_hand(tiny):
+    import math
+
+    # no warm-up: the recipe before the setting existed, 0.5 (1 + cos(pi s / total)) at every step
+    for s in range(12):
+        assert vz.lr_factor(s, 10, 0) == pytest.approx(0.5 * (1 + math.cos(math.pi * min(s, 10) / 10)), abs=0)
+    # warm-up of 2 of 10 steps: 1/2, 2/2, then the cosine over the remaining 8 steps
+    got = [vz.lr_factor(s, 10, 2) for s in range(10)]
+    want = [0.5, 1.0] + [0.5 * (1 + math.cos(math.pi * k / 8)) for k in range(8)]
+    assert got == pytest.approx(want, abs=1e-15)
+    assert vz.warmup_steps(0.1, 192) == 19 and vz.warmup_steps(0.0, 50) == 0
+    with pytest.raises(ValueError, match="warmup"):
+        vz.warmup_steps(1.0, 10)
+
+
+def test_fit_applies_the_warm_up_to_the_optimiser(tiny, data, monkeypatch):
+    """The learning rates the optimiser steps with are the drawn rate times the schedule, counted by hand."""
+    seen = []
+    real_step = torch.optim.AdamW.step
+
+    def step(self, *a, **k):
+        seen.append(self.param_groups[0]["lr"])
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    hp = vz.Hparams(lr=0.01, weight_decay=0.0, epochs=2, batch_size=16, label_smoothing=0.0, shift=0,
+                    noise_std=0.0, mixup_alpha=0.0)
+    vz.fit(vz.build_model(tiny, 0), data.x_pool, data.y_pool, hp, background=data.background, seed=0, warmup=0.25)
+    total = 2 * 4                          # 60 images in batches of 16: 4 steps per epoch
+    assert len(seen) == total
+    assert seen[:2] == pytest.approx([0.005, 0.01])            # 2 warm-up steps: 1/2, 2/2 of the rate
+    assert seen[2] == pytest.approx(0.01) and seen[-1] < seen[2] / 4
+    seen.clear()
+    vz.fit(vz.build_model(tiny, 0), data.x_pool, data.y_pool, hp, background=data.background, seed=0)
+    assert seen[0] == pytest.approx(0.01) and seen[1] < 0.01   # no warm-up: the cosine from the first step
+
+
+def test_settings_record_the_warm_up_and_old_zoos_read_as_none(tiny):
+    assert vz.load_settings("cpu", TINY + ["warmup=0.0"]).warmup == 0.0
+    assert vz.load_settings("cpu", TINY + ["warmup=0.25"]).warmup == 0.25
+    meta = {"settings": {k: v for k, v in json.loads(json.dumps(vz.asdict(tiny))).items() if k != "warmup"}}
+    assert vz.zoo_settings(meta).warmup == 0.0
+    assert vz.member_draws(tiny, "minima_pilot", 2) != vz.member_draws(tiny, "pilot", 2)

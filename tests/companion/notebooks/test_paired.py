@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from companion import paper
+from companion import analysis, paper
 from companion.experiments import paired
 from companion.pipeline import REPO_ROOT, run_stage
 
@@ -62,6 +62,7 @@ def tiny_params(tmp_path):
                      "language": {"row": "language", "layout": "language", "data": str(tmp_path / "data" / "language"), "comparison": "primary"}},
             "baseline": "adaptive", "geodesic": ["geodesic_invariant", "geodesic_mixed"], "n_boot": 300, "seed": 24,
             "confidence": 0.95, "power": {"n_sim": 30, "n_boot": 100, "seed": 24},
+            "mde": {"target": 0.8, "n_sim": 30, "n_boot": 60, "seed": 24, "tol": 0.05},
             "retest_splits": {"n_splits": 40, "seed": 24},
             "exploratory": {"row": "vision", "factors": ["batch_size", "shift", "noise_std > 0", "mixup_alpha > 0"],
                             "control": "train_error"}}
@@ -97,7 +98,24 @@ def test_paired_notebook_runs_and_publishes(tmp_path):
         assert line.paper_delta == pytest.approx(s * (p[g] - p["adaptive"]))
         assert line.verdict == paired.verdict(line.ci_low, line.ci_high, line.paper_delta)
         assert 0 <= line.power <= 1
+    # the minimum detectable Δ: the bisection's bracket on the same Monte Carlo (0.8 reached there, not 0.05 below),
+    # beside the verdict in Table 1 and in the findings
+    for line in deltas.itertuples():
+        if not np.isfinite(line.mde):
+            assert line.mde_power_max < 0.8
+            continue
+        kw = dict(retest_x=line.reliability_geodesic, retest_base=line.reliability_baseline,
+                  rel_y=line.gap_reliability, tau_between=line.tau_between, sign=int(line.sign), n_sim=30, n_boot=60,
+                  seed=24)
+        tb = paper.table1_tau(line.table1_row)["adaptive"]
+        assert line.mde_power >= 0.8 and line.mde_power == pytest.approx(
+            analysis.delta_power(line.n, tb + line.sign * line.mde, tb, **kw))
+        assert analysis.delta_power(line.n, tb + line.sign * (line.mde - 0.05), tb, **kw) < 0.8
+    from companion.experiments import table1
     entry = {e["stage"]: e for e in metrics["delta_tau"]}
+    for r in deltas.itertuples():      # Table 1's MDE column of the row's primary line
+        cell = table1._mde_csv(entry[r.row], r.measure)
+        assert cell == pytest.approx(r.mde) if np.isfinite(r.mde) else cell.startswith("not reached")
     assert set(entry) == {"vision", "language"}
     assert entry["vision"]["delta"]["geodesic_invariant"] == pytest.approx(
         deltas[(deltas.row == "vision") & (deltas.measure == "geodesic_invariant")].delta.iloc[0])
@@ -119,6 +137,7 @@ def test_paired_notebook_runs_and_publishes(tmp_path):
     text = " ".join(metrics["findings"])
     for r in deltas.itertuples():
         assert f"{r.delta:+.2f}" in text and r.verdict in text
+        assert (f"{r.mde:+.2f}" if np.isfinite(r.mde) else "reaches 80% power") in text
     nb = (reports / "notebooks" / "paired.ipynb").read_text()
     assert str(tmp_path / "reports") not in nb
 

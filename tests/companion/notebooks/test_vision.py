@@ -14,7 +14,7 @@ from companion.pipeline import REPO_ROOT, run_stage
 TRAIN = ["n_models=6", "workers=1", "threads=1", "data.n_train=64", "data.n_test=400", "data.spec.image_size=8",
          "data.spec.render=16", "model.width=8", "model.heads=2", "model.embed_dim=8", "model.patch_size=4",
          "model.layers=1", "pretrain.epochs=1", "pretrain.batch_size=32", "ranges.epochs=[1,3]",
-         "ranges.batch_size=[16]"]
+         "ranges.batch_size=[16]", "cpu_kernels=null"]
 MEASURES = {"adaptive": "m_apgd_l2", "geodesic_invariant": "geodesic_invariant", "geodesic_mixed": "geodesic_mixed"}
 
 
@@ -37,12 +37,16 @@ def test_vision_notebook_runs_and_publishes(tmp_path):
                   rho={"adaptive": 0.2, "geodesic_invariant": 0.05, "geodesic_mixed": 0.05},
                   exploratory_rho={"adaptive": [0.1, 0.2], "geodesic_invariant": [0.05], "geodesic_mixed": [0.1]},
                   retest=True, max_train_error=0.5, n_boot=50, n_splits=20,
-                  power={"alpha": 0.05, "n_sim": 200, "seed": 0}, workers=1, threads=1, device="cpu")
+                  power={"alpha": 0.05, "n_sim": 200, "seed": 0}, workers=1, threads=1, device="cpu", cpu_kernels=None,
+                  cluster_factors=["shift", "noise_std > 0"], cluster_auc=0.5)   # 0.5: every factor "splits" (the path
+                                                                                     # that colours the figure runs)
     reports = tmp_path / "reports"
     res = run_stage("vision", params=params, reports_dir=reports, progress_bar=False)
     figs = {p.name for p in res.figures}
     assert {"fig4_vision.png", "fig4_vision.pdf", "vision_tau_vs_rho.png", "vision_gap_reliability.png"} <= figs
     metrics = json.loads(res.metrics.read_text())
+    assert metrics["gap_clusters"] and all(c["splits"] for c in metrics["gap_clusters"])
+    assert any("splits into separate clusters by" in line for line in metrics["findings"])
     entry = metrics["table1"][0]
     assert entry["primary"] is True and entry["exploratory"] is False and entry["n_models"] == 6
     assert set(entry["tau"]) == set(MEASURES) and entry["rho"] == params["rho"]
