@@ -39,6 +39,13 @@ so that the same run in another folder or on another machine publishes the same 
 already published). The
 kernel runs with ``SOURCE_DATE_EPOCH=0`` (unless set), so matplotlib stamps no date into a PDF.
 
+Progress during the run.  What the kernel writes to stderr — the progress bars of the library
+and the companion (members or runs done, the measure, the time left) and warnings — reaches
+the terminal as the kernel writes it (papermill's ``stderr_file``), so a long stage under
+``dvc repro`` shows more than papermill's cell counter; it is still scrubbed from the published
+notebook.  ``HIDESEEK_PROGRESS=0`` in the environment (or ``--no-progress``) switches that off:
+the run's stderr is then echoed once, after the notebook has run, as before.
+
 The headline (:func:`companion.metrics.headline`: τ per measure, intervals,
 ρ, model counts) is the small file DVC declares as ``metrics:``; the full
 metrics file is a plain output.
@@ -122,6 +129,15 @@ apply_overrides = _params.apply_overrides
 
 
 # --------------------------------------------------------------------------- running
+
+#: the environment variable that switches the live stderr of a stage's kernel off (``0``)
+PROGRESS_ENV = "HIDESEEK_PROGRESS"
+
+
+def live_progress() -> bool:
+    """Whether a stage's kernel stderr is streamed to the terminal while it runs: yes unless
+    :data:`PROGRESS_ENV` is ``0`` (or ``false``, ``no``, ``off``)."""
+    return os.environ.get(PROGRESS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _publish_dir(src: Path, dst: Path, trash: Path) -> list[Path]:
@@ -325,12 +341,15 @@ def run_stage(
     notebook: str | os.PathLike | None = None,
     kernel_name: str = "python3",
     progress_bar: bool = True,
+    live: bool | None = None,
 ) -> StageResult:
     """Execute ``notebooks/<stage>.ipynb`` and publish its outputs atomically.
 
     ``params`` replaces the parameters read from ``root/params.yaml`` (tests
     pass tiny ones); ``overrides`` (dotted keys) are applied on top.
-    ``reports_dir`` defaults to ``root/reports``.
+    ``reports_dir`` defaults to ``root/reports``.  ``live``: stream the kernel's
+    stderr (progress, warnings) to this process's stderr as it comes (``None``:
+    :func:`live_progress`), else echo it once after the run.
     """
     import papermill as pm  # heavy import, only when running
 
@@ -349,6 +368,7 @@ def run_stage(
     nb_out = staging / f"{stage}.ipynb"
 
     _kernel_env(root)
+    live = live_progress() if live is None else bool(live)
     t0 = time.perf_counter()
     try:
         pm.execute_notebook(
@@ -358,6 +378,7 @@ def run_stage(
             kernel_name=kernel_name,
             cwd=str(root),
             progress_bar=progress_bar,
+            stderr_file=sys.stderr if live else None,
         )
     except BaseException as exc:  # KeyboardInterrupt included: nothing is published
         raise PipelineError(
@@ -365,7 +386,9 @@ def run_stage(
             f"partially executed notebook: {nb_out}"
         ) from exc
     seconds = time.perf_counter() - t0
-    sys.stderr.write(scrub_notebook(nb_out, stage, root))   # the run's log, not the report
+    log = scrub_notebook(nb_out, stage, root)   # the run's log, not the report
+    if not live:
+        sys.stderr.write(log)                    # (streamed already when live)
 
     head = _finish_metrics(stage, profile, stage_params, out_dir / "metrics" / f"{stage}.json", staging, nb_out)
     _stage_timing(out_dir, stage, seconds)
@@ -393,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a stage parameter (YAML value, dotted keys for nesting)")
     parser.add_argument("--root", default=str(REPO_ROOT), help="repository root (default: this checkout)")
     parser.add_argument("--reports-dir", default=None, help="where to publish (default: <root>/reports)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help=f"do not stream the kernel's stderr (progress, warnings) while it runs; echo it once "
+                             f"at the end (also: {PROGRESS_ENV}=0)")
     args = parser.parse_args(argv)
     if args.normalise:
         for nb in args.normalise:
@@ -403,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name a stage to run (or --normalise NOTEBOOK ...)")
     try:
         res = run_stage(args.stage, profile=args.profile, overrides=parse_overrides(args.overrides),
-                        root=args.root, reports_dir=args.reports_dir)
+                        root=args.root, reports_dir=args.reports_dir, live=False if args.no_progress else None)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

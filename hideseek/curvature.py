@@ -32,6 +32,10 @@ row-major and concatenated in that order (:meth:`RiemannianHessian.flatten`,
 metric-whitened coordinates ``w = g^{1/2} ξ`` (flat), where the operator is a symmetric
 matrix ``A = g^{1/2} Hess g^{-1/2}`` whose non-zero eigenvalues are the Hessian's and whose
 trace is its trace; the vertical directions give ``dim V`` extra zero eigenvalues.
+The same form is an operator of :mod:`hideseek.estimators` (:meth:`RiemannianHessian.whitened`:
+``shape``, ``matvec``, ``matmat``, ``to_scipy``), whose trace and eigenvalue estimators (exact,
+Hutchinson, Hutch++, Lanczos) take any such operator; :meth:`RiemannianHessian.trace` and
+:meth:`RiemannianHessian.eigenvalues` call them.
 
 What the operator depends on: the measure's geometry, metric and ε only (not its step, ball
 radius, ℓ2/ℓ∞ or kind).  Refused in one line: ``ball="adaptive"`` (the Christoffel-only
@@ -44,14 +48,13 @@ distribution, not on a quotient.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .geometry.adaptive import AdaptiveGeometry
-from .geometry.euclidean import EuclideanGeometry
+from .estimators import TRACE_ESTIMATORS, TraceEstimate, exact_trace, lanczos_eigenvalues, to_scipy
+from .geometry.free import FreePart
 from .geometry.gl import PairGeometry
 from .geometry.metrics import get_metric
 from .geometry.space import ProductGeometry
@@ -62,43 +65,11 @@ Tangent = list[Tensor]
 #: largest dimension for which :meth:`RiemannianHessian.trace` (exact) and
 #: :meth:`RiemannianHessian.dense` run by default (one product per dimension)
 EXACT_MAX_DIM = 20_000
-TRACE_METHODS = ("exact", "hutchinson", "hutch++")
+TRACE_METHODS = tuple(TRACE_ESTIMATORS)
 #: products that share one vectorised backward pass by default (``chunk=None``) on spaces of
 #: at most :data:`CHUNK_MAX_DIM` dimensions, where the per-product overhead dominates; above
 #: it one at a time (batching then costs memory and, on CPUs, time: ``reports/benchmarks.md``)
 CHUNK, CHUNK_MAX_DIM = 16, 10_000
-
-
-@dataclass(frozen=True)
-class TraceEstimate:
-    """A trace: ``value``, its standard error (0 for the exact trace), the number of
-    Hessian-vector products it took and the method (``"exact"``, ``"hutchinson"``,
-    ``"hutch++"``).
-
-    Examples
-    --------
-    >>> import torch, hideseek as hs
-    >>> _ = torch.manual_seed(0)
-    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False), torch.nn.Linear(2, 2, bias=False)).eval()
-    >>> batch, mse = (torch.randn(16, 3), torch.randn(16, 2)), torch.nn.functional.mse_loss
-    >>> H = hs.EuclideanHessian(model, [batch], loss_fn=mse)
-    >>> t = H.trace()                                                 # exact: one product per dimension
-    >>> t.method, t.n_matvecs, t.stderr
-    ('exact', 10, 0.0)
-    >>> abs(float(t) - torch.trace(H.dense()).item()) < 1e-5
-    True
-    >>> est = H.trace("hutchinson", n_probes=200, seed=0)             # an estimate with its standard error
-    >>> abs(est.value - t.value) < 4 * est.stderr
-    True
-    """
-
-    value: float
-    stderr: float
-    n_matvecs: int
-    method: str
-
-    def __float__(self) -> float:
-        return self.value
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -121,7 +92,7 @@ def _hessian_measure(measure) -> Measure:
     m = Measure.parse(measure) if isinstance(measure, str) else measure
     if not isinstance(m, Measure):
         raise TypeError(f"measure must be a hs.Measure or its name, got {type(measure).__name__}")
-    if m.geometry == "geodesic":
+    if m.has_pairs:
         if m.ball != "riemannian":
             raise ValueError("RiemannianHessian: ball='adaptive' (the Christoffel-only ablation) puts no metric "
                              "on the pairs; use ball='riemannian' (the default) or geometry='adaptive'")
@@ -186,6 +157,120 @@ def _twice_differentiable():
     return sdpa_kernel(SDPBackend.MATH)
 
 
+# ---------------------------------------------------------------------------- the tangent space
+class TangentMetric:
+    """The tangent space of a :class:`RiemannianHessian` at θ and its metric ``g``: the layout of a
+    tangent vector (list ↔ flat), the inverse metric, the inner product, whitening ``g^{±1/2}``
+    and the metric's terms of the covariant derivative (docs/maths.md §14) — the pairs' from
+    their metric objects (:class:`_PairOps`), the free parameters' from their free part
+    (:class:`~hideseek.geometry.free.FreePart`).  No autograd through the loss happens here."""
+
+    def __init__(self, geometry: ProductGeometry) -> None:
+        self.pair_ops = [_PairOps(pg) for pg in geometry.pairs]
+        self.free: FreePart = geometry.adaptive
+        self.dtype, self.device = geometry.dtype, geometry.device
+        zeros = geometry.zeros()
+        self.shapes = [t.shape for t in zeros]
+        self.dim = sum(t.numel() for t in zeros)
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        """:attr:`RiemannianHessian.layout`."""
+        out = []
+        for i in range(len(self.pair_ops)):
+            out += [(f"pairs[{i}].G", tuple(self.shapes[2 * i])), (f"pairs[{i}].H", tuple(self.shapes[2 * i + 1]))]
+        out += [(n, tuple(s)) for n, s in zip(self.free.names, self.shapes[2 * len(self.pair_ops):])]
+        return out
+
+    def flatten(self, x: Sequence[Tensor]) -> Tensor:
+        """The flat vector (length :attr:`dim`) of a tangent list."""
+        return torch.cat([t.reshape(-1) for t in x]) if len(x) else torch.zeros(0, dtype=self.dtype)
+
+    def unflatten(self, v) -> Tangent:
+        """The tangent list of a flat vector (a tensor or a NumPy array)."""
+        v = torch.as_tensor(v, dtype=self.dtype, device=self.device).reshape(-1)
+        if v.numel() != self.dim:
+            raise ValueError(f"a flat tangent vector has {self.dim} entries (RiemannianHessian.layout), got {v.numel()}")
+        out, start = [], 0
+        for s in self.shapes:
+            n = math.prod(s)
+            out.append(v[start:start + n].reshape(s))
+            start += n
+        return out
+
+    def as_list(self, x) -> tuple[Tangent, bool]:
+        """``(tangent list, whether x was flat)`` of ``x`` in either layout (checked)."""
+        if isinstance(x, (list, tuple)):
+            if len(x) != len(self.shapes) or any(t.shape != s for t, s in zip(x, self.shapes)):
+                raise ValueError("a tangent list must match RiemannianHessian.layout: shapes "
+                                 f"{[tuple(s) for s in self.shapes]}, got {[tuple(t.shape) for t in x]}")
+            return [t.to(self.dtype) for t in x], False
+        return self.unflatten(x), True
+
+    def split(self, x: Tangent) -> tuple[list[tuple[Tensor, Tensor]], Tangent]:
+        """``([(ξ_G, ξ_H) per stack], free tensors)``."""
+        k = len(self.pair_ops)
+        return [(x[2 * i], x[2 * i + 1]) for i in range(k)], list(x[2 * k:])
+
+    # ------------------------------------------------------------------ metric
+    def inv_metric(self, g: Tangent) -> Tangent:
+        """``g⁻¹∇``: the metric dual of a Euclidean gradient (not projected)."""
+        pairs, free = self.split(g)
+        out = []
+        for ops, (gG, gH) in zip(self.pair_ops, pairs):
+            out += list(ops.inv_metric(gG, gH))
+        return out + self.free.inv_metric(free)
+
+    def inner(self, x: Tangent, y: Tangent) -> Tensor:
+        """``⟨x, y⟩_g`` at θ (a scalar)."""
+        pairs_x, free_x = self.split(x)
+        pairs_y, free_y = self.split(y)
+        total = torch.zeros((), dtype=self.dtype, device=self.device)
+        for ops, (xG, xH), (yG, yH) in zip(self.pair_ops, pairs_x, pairs_y):
+            total = total + ops.pg.inner(xG, xH, yG, yH).sum()
+        for term in self.free.inner_terms(free_x, free_y):
+            total = total + term
+        return total
+
+    def to_whitened(self, x: Tangent) -> Tangent:
+        """``w = g^{1/2} ξ`` (list layout); zero where a free parameter is exactly 0."""
+        pairs, free = self.split(x)
+        out = []
+        for ops, (xG, xH) in zip(self.pair_ops, pairs):
+            out += [xG @ ops.sqrt[0], xH @ ops.sqrt[1]]
+        return out + self.free.whiten(free)
+
+    def from_whitened(self, w: Tangent) -> Tangent:
+        """``ξ = g^{-1/2} w`` (list layout)."""
+        pairs, free = self.split(w)
+        out = []
+        for ops, (wG, wH) in zip(self.pair_ops, pairs):
+            out += [wG @ ops.isqrt[0], wH @ ops.isqrt[1]]
+        return out + self.free.unwhiten(free)
+
+    def accelerations(self, V: Tangent) -> list[tuple[Tensor, Tensor]]:
+        """The pairs' ``acceleration(V)`` (``−Γ(V, V)``), computed once per gradient field."""
+        return [ops.metric.acceleration(V[2 * i], V[2 * i + 1]) for i, ops in enumerate(self.pair_ops)]
+
+    def covariant(self, xi: Tangent, ehv: Tangent, egrad: Tangent, V: Tangent, accV) -> Tangent:
+        """``g⁻¹∇²f ξ + (D_ξ g⁻¹)∇f + Γ(ξ, V)`` from the Euclidean Hessian-vector product
+        ``ehv = ∇²f ξ``, the gradient ``egrad = ∇f``, ``V = g⁻¹∇f`` and ``accV`` =
+        :meth:`accelerations` of ``V`` (no projection)."""
+        hv = self.inv_metric(ehv)
+        pairs_x, free_x = self.split(xi)
+        _, free_g = self.split(egrad)
+        pairs_v, _ = self.split(V)
+        out: Tangent = []
+        for i, ops in enumerate(self.pair_ops):
+            (xG, xH), (vG, vH) = pairs_x[i], pairs_v[i]
+            dG, dH = ops.d_inv_metric(xG, xH, vG, vH)
+            cG, cH = ops.connection(xG, xH, vG, vH, accV[i])
+            out += [hv[2 * i] + dG + cG, hv[2 * i + 1] + dH + cH]
+        # the free part's own terms (its metric's derivative and connection: FreePart.hessian_terms)
+        return out + self.free.hessian_terms(hv[2 * len(self.pair_ops):], free_x, free_g)
+
+
 # ---------------------------------------------------------------------------- the operator
 class RiemannianHessian:
     """The Riemannian Hessian of the mean loss on the quotient at the model's weights, as a
@@ -243,70 +328,32 @@ class RiemannianHessian:
         self.model, self.loss, self.blocks = problem.model, problem.loss, problem.blocks
         self.geometry: ProductGeometry = problem.geometry
         self.batches = [problem.batch(i) for i in range(len(problem.data))]
-        self._pair_ops = [_PairOps(pg) for pg in self.geometry.pairs]
-        self._free: AdaptiveGeometry = self.geometry.adaptive
-        self._euclidean_free = isinstance(self._free, EuclideanGeometry)
+        #: the tangent space and its metric (layout, whitening, the metric's terms)
+        self.space = TangentMetric(self.geometry)
         self.dtype, self.device = self.geometry.dtype, self.geometry.device
-        zeros = self.geometry.zeros()
-        self.shapes = [t.shape for t in zeros]
-        self.dim = sum(t.numel() for t in zeros)
+        self.shapes, self.dim = self.space.shapes, self.space.dim
         self.chunk = chunk if chunk is not None else (CHUNK if self.dim <= CHUNK_MAX_DIM else 1)
         # the Euclidean gradient in tangent coordinates and the gradient field V = g⁻¹∇f
         self.loss_value, self.egrad = self._value_and_grad()
-        self._V = self._inv_metric(self.egrad)
-        self._accV = [ops.metric.acceleration(self._V[2 * i], self._V[2 * i + 1])
-                      for i, ops in enumerate(self._pair_ops)]
+        self._V = self.space.inv_metric(self.egrad)
+        self._accV = self.space.accelerations(self._V)
 
-    # ------------------------------------------------------------------ layout
+    # ------------------------------------------------------------------ layout and metric
     @property
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         """``(label, shape)`` of each tensor of a tangent vector, in order: ``pairs[i].G`` /
         ``pairs[i].H`` for the i-th stack of pairs (``(B, n, h)`` / ``(B, m, h)``, the maths'
         ``(in, out)`` orientation, ``B`` over heads and layers), then the free parameters by
         name.  The flat layout concatenates them flattened row-major in this order."""
-        out = []
-        for i in range(len(self._pair_ops)):
-            out += [(f"pairs[{i}].G", tuple(self.shapes[2 * i])), (f"pairs[{i}].H", tuple(self.shapes[2 * i + 1]))]
-        out += [(n, tuple(s)) for n, s in zip(self._free.names, self.shapes[2 * len(self._pair_ops):])]
-        return out
+        return self.space.layout
 
     def flatten(self, x: Sequence[Tensor]) -> Tensor:
         """The flat vector (length :attr:`dim`) of a tangent list."""
-        return torch.cat([t.reshape(-1) for t in x]) if len(x) else torch.zeros(0, dtype=self.dtype)
+        return self.space.flatten(x)
 
     def unflatten(self, v) -> Tangent:
         """The tangent list of a flat vector (a tensor or a NumPy array)."""
-        v = torch.as_tensor(v, dtype=self.dtype, device=self.device).reshape(-1)
-        if v.numel() != self.dim:
-            raise ValueError(f"a flat tangent vector has {self.dim} entries (RiemannianHessian.layout), got {v.numel()}")
-        out, start = [], 0
-        for s in self.shapes:
-            n = math.prod(s)
-            out.append(v[start:start + n].reshape(s))
-            start += n
-        return out
-
-    def _as_list(self, x) -> tuple[Tangent, bool]:
-        if isinstance(x, (list, tuple)):
-            if len(x) != len(self.shapes) or any(t.shape != s for t, s in zip(x, self.shapes)):
-                raise ValueError("a tangent list must match RiemannianHessian.layout: shapes "
-                                 f"{[tuple(s) for s in self.shapes]}, got {[tuple(t.shape) for t in x]}")
-            return [t.to(self.dtype) for t in x], False
-        return self.unflatten(x), True
-
-    # ------------------------------------------------------------------ pieces
-    def _split(self, x: Tangent) -> tuple[list[tuple[Tensor, Tensor]], Tangent]:
-        k = len(self._pair_ops)
-        return [(x[2 * i], x[2 * i + 1]) for i in range(k)], list(x[2 * k:])
-
-    def _inv_metric(self, g: Tangent) -> Tangent:
-        pairs, free = self._split(g)
-        out = []
-        for ops, (gG, gH) in zip(self._pair_ops, pairs):
-            out += list(ops.inv_metric(gG, gH))
-        if self._euclidean_free:
-            return out + list(free)
-        return out + [t * t * gi for t, gi in zip(self._free.theta, free)]
+        return self.space.unflatten(v)
 
     def project(self, x: Tangent) -> Tangent:
         """The metric-orthogonal projection onto the horizontal space (and zero where a free
@@ -315,41 +362,15 @@ class RiemannianHessian:
 
     def inner(self, x: Tangent, y: Tangent) -> Tensor:
         """The metric inner product ``⟨x, y⟩_g`` at θ (a scalar)."""
-        pairs_x, free_x = self._split(x)
-        pairs_y, free_y = self._split(y)
-        total = torch.zeros((), dtype=self.dtype, device=self.device)
-        for ops, (xG, xH), (yG, yH) in zip(self._pair_ops, pairs_x, pairs_y):
-            total = total + ops.pg.inner(xG, xH, yG, yH).sum()
-        for t, a, b in zip(self._free.theta, free_x, free_y):
-            if self._euclidean_free:
-                total = total + (a * b).sum()
-            else:
-                c = t.abs()
-                total = total + torch.where(c > 0, a * b / torch.where(c > 0, c * c, 1), 0).sum()
-        return total
+        return self.space.inner(x, y)
 
     def to_whitened(self, x: Tangent) -> Tangent:
         """``w = g^{1/2} ξ`` (list layout); zero where a free parameter is exactly 0."""
-        pairs, free = self._split(x)
-        out = []
-        for ops, (xG, xH) in zip(self._pair_ops, pairs):
-            out += [xG @ ops.sqrt[0], xH @ ops.sqrt[1]]
-        if self._euclidean_free:
-            return out + list(free)
-        for t, xi in zip(self._free.theta, free):
-            c = t.abs()
-            out.append(torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0))
-        return out
+        return self.space.to_whitened(x)
 
     def from_whitened(self, w: Tangent) -> Tangent:
         """``ξ = g^{-1/2} w`` (list layout), the inverse of :meth:`to_whitened` off exact zeros."""
-        pairs, free = self._split(w)
-        out = []
-        for ops, (wG, wH) in zip(self._pair_ops, pairs):
-            out += [wG @ ops.isqrt[0], wH @ ops.isqrt[1]]
-        if self._euclidean_free:
-            return out + list(free)
-        return out + [t.abs() * wi for t, wi in zip(self._free.theta, free)]
+        return self.space.from_whitened(w)
 
     # ------------------------------------------------------------------ autograd
     def _batch_loss(self, z: Tangent, x, y) -> Tensor:
@@ -427,28 +448,12 @@ class RiemannianHessian:
         return self._covariant(list(xi), self.euclidean_hvp(xi))
 
     def _covariant(self, xi: Tangent, ehv: Tangent) -> Tangent:
-        hv = self._inv_metric(ehv)
-        pairs_x, free_x = self._split(xi)
-        pairs_g, free_g = self._split(self.egrad)
-        pairs_v, free_v = self._split(self._V)
-        out: Tangent = []
-        for i, ops in enumerate(self._pair_ops):
-            (xG, xH), (vG, vH) = pairs_x[i], pairs_v[i]
-            dG, dH = ops.d_inv_metric(xG, xH, vG, vH)
-            cG, cH = ops.connection(xG, xH, vG, vH, self._accV[i])
-            out += [hv[2 * i] + dG + cG, hv[2 * i + 1] + dH + cH]
-        k = 2 * len(self._pair_ops)
-        if self._euclidean_free:
-            return out + hv[k:]
-        # adaptive metric diag(1/θ²): (D_ξ g⁻¹)∇f = 2θξ∇f and Γ(ξ, V) = −ξV/θ with V = θ²∇f
-        for t, h, x, g in zip(self._free.theta, hv[k:], free_x, free_g):
-            out.append(h + t * x * g)
-        return out
+        return self.space.covariant(xi, ehv, self.egrad, self._V, self._accV)
 
     def matvec(self, x):
         """``lift(Hess f[P^h ξ])`` for ξ in the list or the flat layout (the result in the same
         layout)."""
-        xs, flat = self._as_list(x)
+        xs, flat = self.space.as_list(x)
         out = self.project(self.covariant_derivative(self.project(xs)))
         return self.flatten(out) if flat else out
 
@@ -469,7 +474,7 @@ class RiemannianHessian:
         each tangent list of a sequence; the Hessian-vector products of :attr:`chunk` columns
         share one backward pass."""
         if isinstance(X, (list, tuple)):
-            return self._matvecs([self._as_list(x)[0] for x in X])
+            return self._matvecs([self.space.as_list(x)[0] for x in X])
         X = torch.as_tensor(X, dtype=self.dtype, device=self.device)
         if X.dim() != 2 or X.shape[0] != self.dim:
             raise ValueError(f"matmat takes a ({self.dim}, k) matrix, got shape {tuple(X.shape)}")
@@ -491,22 +496,17 @@ class RiemannianHessian:
         symmetric form ``A = g^{1/2} Hess g^{-1/2}`` in whitened coordinates ``w = g^{1/2} ξ``
         (flat layout): same trace and non-zero eigenvalues as the Hessian, 0 on the vertical
         directions.  Needs SciPy (imported here; not a dependency of the library)."""
-        try:
-            from scipy.sparse.linalg import LinearOperator
-        except ImportError as err:   # pragma: no cover
-            raise ImportError("RiemannianHessian.to_scipy needs SciPy: pip install scipy") from err
-        import numpy as np
+        return to_scipy(self.whitened())
 
-        def mv(v):
-            w = torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(-1), device=self.device).to(self.dtype)
-            return self.whitened_matvec(w).detach().to("cpu", torch.float64).numpy()
+    def whitened(self) -> "WhitenedHessian":
+        """The symmetric form ``A`` of :meth:`to_scipy` as an operator of
+        :mod:`hideseek.estimators` (torch in, torch out)."""
+        return WhitenedHessian(self)
 
-        def mm(V):
-            W = torch.as_tensor(np.asarray(V, dtype=np.float64), device=self.device).to(self.dtype)
-            return self.whitened_matmat(W.reshape(self.dim, -1)).detach().to("cpu", torch.float64).numpy()
-
-        return LinearOperator((self.dim, self.dim), matvec=mv, rmatvec=mv, matmat=mm, rmatmat=mm,
-                              dtype=np.float64)
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(dim, dim)``."""
+        return (self.dim, self.dim)
 
     # ------------------------------------------------------------------ spectral
     def dense(self, max_dim: int = EXACT_MAX_DIM) -> Tensor:
@@ -533,55 +533,45 @@ class RiemannianHessian:
         (Meyer et al. 2021): ``n_probes`` products in all, a third sketching the top of the
         spectrum exactly, a third for its range, a third for Hutchinson on the rest.  The
         standard error is the probes' sample standard deviation over √(number of probes)
-        (0 for the exact trace)."""
+        (0 for the exact trace).
+
+        The estimators are :mod:`hideseek.estimators`' functions on :meth:`whitened` (any
+        operator with ``matvec``/``matmat``/``shape`` takes them)."""
         if method not in TRACE_METHODS:
             raise ValueError(f"trace method must be one of {TRACE_METHODS}, got {method!r}")
         if method == "exact":
             self._check_dim(max_dim, "trace")
-            total = 0.0
-            for s in range(0, self.dim, self.chunk):
-                cols = torch.arange(s, min(s + self.chunk, self.dim), device=self.device)
-                U = torch.zeros(self.dim, len(cols), dtype=self.dtype, device=self.device)
-                U[cols, torch.arange(len(cols), device=self.device)] = 1.0
-                total += float(self.whitened_matmat(U)[cols, torch.arange(len(cols), device=self.device)].sum())
-            return TraceEstimate(total, 0.0, self.dim, "exact")
-        if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < (3 if method == "hutch++" else 2):
-            raise ValueError(f"n_probes must be an integer >= {3 if method == 'hutch++' else 2} for {method}, "
-                             f"got {n_probes!r}")
-        gen = torch.Generator().manual_seed(int(seed))
-
-        def rademacher(k):
-            r = torch.randint(0, 2, (self.dim, k), generator=gen, dtype=torch.int64)
-            return (2 * r - 1).to(self.dtype).to(self.device)
-
-        if method == "hutchinson":
-            E = rademacher(n_probes)
-            vals = (E * self.whitened_matmat(E)).sum(0)
-            return TraceEstimate(float(vals.mean()), float(vals.std(unbiased=True)) / math.sqrt(n_probes),
-                                 n_probes, "hutchinson")
-        k = n_probes // 3
-        r = n_probes - 2 * k               # Hutchinson probes on the rest (≥ k)
-        S = rademacher(k)
-        Q, _ = torch.linalg.qr(self.whitened_matmat(S))
-        top = float(torch.trace(Q.T @ self.whitened_matmat(Q)))
-        E = rademacher(r)
-        E = E - Q @ (Q.T @ E)
-        vals = (E * self.whitened_matmat(E)).sum(0)
-        se = float(vals.std(unbiased=True)) / math.sqrt(r) if r > 1 else float("nan")
-        return TraceEstimate(top + float(vals.mean()), se, 2 * k + r, "hutch++")
+            return exact_trace(self.whitened(), block=self.chunk)
+        return TRACE_ESTIMATORS[method](self.whitened(), n_probes=n_probes, seed=seed)
 
     def eigenvalues(self, k: int = 1, which: str = "LA", tol: float = 0.0, seed: int = 0):
         """The ``k`` eigenvalues of largest value (``which="LA"``; ``"SA"`` smallest, ``"LM"``
         largest magnitude — the vertical directions add zeros) by Lanczos
-        (``scipy.sparse.linalg.eigsh`` on :meth:`to_scipy`), in descending order (NumPy)."""
-        import numpy as np
-        from scipy.sparse.linalg import eigsh
+        (``scipy.sparse.linalg.eigsh`` on :meth:`to_scipy`), in descending order (NumPy):
+        :func:`hideseek.estimators.lanczos_eigenvalues` on :meth:`whitened`."""
+        return lanczos_eigenvalues(self.whitened(), k=k, which=which, tol=tol, seed=seed)
 
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < self.dim:
-            raise ValueError(f"k must be an integer with 1 <= k < dim = {self.dim}, got {k!r}")
-        v0 = np.random.default_rng(seed).standard_normal(self.dim)
-        vals = eigsh(self.to_scipy(), k=k, which=which, tol=tol, v0=v0, return_eigenvectors=False)
-        return np.sort(vals)[::-1]
+
+class WhitenedHessian:
+    """The symmetric form ``A = g^{1/2} Hess g^{-1/2}`` of a :class:`RiemannianHessian` in
+    flat whitened coordinates ``w = g^{1/2} ξ``, as an operator of :mod:`hideseek.estimators`
+    (``shape``, ``dtype``, ``device``, ``matvec``, ``matmat``, ``to_scipy``): the same trace and
+    non-zero eigenvalues as the Hessian, 0 on the vertical directions."""
+
+    def __init__(self, hessian: "RiemannianHessian") -> None:
+        self.hessian = hessian
+        self.shape = (hessian.dim, hessian.dim)
+        self.dtype, self.device = hessian.dtype, hessian.device
+
+    def matvec(self, w: Tensor) -> Tensor:
+        return self.hessian.whitened_matvec(w)
+
+    def matmat(self, W: Tensor) -> Tensor:
+        return self.hessian.whitened_matmat(W)
+
+    def to_scipy(self):
+        """:func:`hideseek.estimators.to_scipy` of this operator."""
+        return to_scipy(self)
 
 
 class EuclideanHessian(RiemannianHessian):
@@ -610,4 +600,5 @@ class EuclideanHessian(RiemannianHessian):
                          checks=checks, keep_graph=keep_graph, chunk=chunk)
 
 
-__all__ = ["CHUNK", "CHUNK_MAX_DIM", "EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TraceEstimate"]
+__all__ = ["CHUNK", "CHUNK_MAX_DIM", "EXACT_MAX_DIM", "EuclideanHessian", "RiemannianHessian", "TangentMetric",
+           "TraceEstimate", "WhitenedHessian"]

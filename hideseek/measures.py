@@ -44,14 +44,24 @@ from typing import Any, Mapping, Sequence
 
 from torch import Tensor
 
-from .geometry.adaptive import AdaptiveGeometry
-from .geometry.euclidean import EuclideanGeometry
+from .geometry.free import FREE_PARTS, FreePart, free_part_names, get_free_part  # noqa: F401 (FREE_PARTS re-exported)
 from .geometry.metrics import METRICS, PairMetric, metric_names  # noqa: F401 (METRICS re-exported)
 from .geometry.space import ProductGeometry
 
-GEOMETRIES = ("adaptive", "geodesic", "euclidean")
-#: the geometries without pairs: one elementwise ball on every parameter, straight step
-_PLAIN = ("adaptive", "euclidean")
+#: the geometry with GL(h) pairs; every other geometry is a registered free part
+#: (:data:`hideseek.geometry.free.FREE_PARTS`: one elementwise ball on every parameter, straight step)
+GEODESIC = "geodesic"
+#: the free part of the geodesic geometry (the parameters outside pairs)
+GEODESIC_FREE_PART = "adaptive"
+
+
+def geometry_names() -> tuple[str, ...]:
+    """The values of :attr:`Measure.geometry`: ``"geodesic"`` and the registered free parts."""
+    return (GEODESIC,) + free_part_names()
+
+
+#: the geometries at import (:func:`geometry_names` also lists free parts registered later)
+GEOMETRIES = geometry_names()
 #: the pair metrics are the registry :data:`hideseek.geometry.metrics.METRICS` (name → class)
 PS = ("l2", "linf")
 BALLS = ("riemannian", "adaptive")
@@ -104,7 +114,7 @@ class Measure:
     kind: str = "worst"
 
     def __post_init__(self) -> None:
-        _choice("geometry", self.geometry, GEOMETRIES)
+        _choice("geometry", self.geometry, geometry_names())
         _choice("kind", self.kind, KINDS)
         _choice("p", self.p, PS)
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) \
@@ -112,7 +122,7 @@ class Measure:
             raise ValueError(f"Measure: eps must be a finite number >= 0, got {self.eps!r}")
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         set_("eps", float(self.eps))
-        if self.geometry in _PLAIN:
+        if not self.has_pairs:
             g = self.geometry
             if self.metric is not None:
                 raise ValueError(f"Measure: the {g} geometry has no metric (got metric={self.metric!r}); "
@@ -142,14 +152,25 @@ class Measure:
             raise ValueError("Measure: step='exact' (the geodesic itself) needs ball='riemannian' "
                              f"(got ball={self.ball!r}); use step='second_order' for the Christoffel-only ablation")
 
+    # ------------------------------------------------------------------ parts
+    @property
+    def has_pairs(self) -> bool:
+        """Whether the geometry has GL(h) pairs (the geodesic one); else it is one free part."""
+        return self.geometry == GEODESIC
+
+    @property
+    def free_part(self) -> type[FreePart]:
+        """The geometry of the parameters outside pairs: the registered free part
+        (:data:`~hideseek.geometry.free.FREE_PARTS`) the geometry names, the adaptive one for
+        the geodesic geometry."""
+        return get_free_part(GEODESIC_FREE_PART if self.has_pairs else self.geometry)
+
     # ------------------------------------------------------------------ names
     @property
     def name(self) -> str:
         """Identifier used in results and file layouts (ε not included)."""
-        if self.geometry == "adaptive":
-            return ("m_apgd_" if self.kind == "worst" else "avg_") + self.p
-        if self.geometry == "euclidean":
-            return ("" if self.kind == "worst" else "avg_") + "euclidean_" + self.p
+        if not self.has_pairs:
+            return self.free_part.measure_name(self.p, self.kind)
         name = f"geodesic_{self.metric}" + _ABLATIONS[self.ball, self.step][0]
         return name if self.kind == "worst" else "avg_" + name
 
@@ -157,7 +178,7 @@ class Measure:
     def label(self) -> str:
         """Human-readable label, distinct for distinct measures (ε included)."""
         eps = [] if self.eps == 0.0 else [f"ε={self.eps:g}"]
-        if self.geometry in _PLAIN:
+        if not self.has_pairs:
             base = f"{self.geometry} {'ℓ2' if self.p == 'l2' else 'ℓ∞'}" + (f" [{eps[0]}]" if eps else "")
         else:
             tags = [t for t in (_ABLATIONS[self.ball, self.step][1],) if t] + eps
@@ -181,12 +202,11 @@ class Measure:
         the parameters to perturb): a :class:`~hideseek.geometry.space.ProductGeometry` with
         the pairs of ``blocks`` (geodesic geometry only) and the measure's ball elsewhere —
         adaptive ``‖ξ ⊘ |θ|‖_p`` or, for ``geometry="euclidean"``, plain ``‖ξ‖_p``."""
-        if self.geometry != "geodesic" and blocks:
+        if not self.has_pairs and blocks:
             raise ValueError(f"Measure: the {self.geometry} geometry has no pairs (got {len(blocks)} blocks)")
         return ProductGeometry(params, blocks, metric=self.metric or "invariant", eps=self.eps,
-                               norm=self.ball if self.geometry == "geodesic" else "riemannian",
-                               christoffel=self.christoffel, p=self.p,
-                               free_part=EuclideanGeometry if self.geometry == "euclidean" else AdaptiveGeometry)
+                               norm=self.ball if self.has_pairs else "riemannian",
+                               christoffel=self.christoffel, p=self.p, free_part=self.free_part)
 
     # ------------------------------------------------------------ conversions
     def replace(self, **changes: Any) -> "Measure":
@@ -206,7 +226,7 @@ class Measure:
         :meth:`from_keywords` reads back): ``measure`` (the geometry), ``p``, ``kind`` and,
         for the geodesic geometry, ``metric``, ``norm``, ``christoffel``, ``eps``."""
         kw: dict[str, Any] = dict(measure=self.geometry, p=self.p, kind=self.kind)
-        if self.geometry == "geodesic":
+        if self.has_pairs:
             kw.update(metric=self.metric, norm=self.norm, christoffel=self.christoffel, eps=self.eps)
         return kw
 
@@ -253,22 +273,22 @@ class Measure:
         """Every valid measure with ε = 0."""
         out = []
         for kind in KINDS:
-            out += [cls(geometry=g, p=p, kind=kind) for g in _PLAIN for p in PS]
+            out += [cls(geometry=g, p=p, kind=kind) for g in free_part_names() for p in PS]
             out += [cls(metric=metric, ball=ball, step=step, kind=kind)
                     for metric in metric_names() for ball, step in _ABLATIONS]
         return out
 
 
 _TABLE: dict[str, Measure] = {}
-_TABLE_METRICS: list[tuple[str, ...]] = [()]
+_TABLE_PARTS: list[tuple] = [()]
 
 
 def _by_name() -> dict[str, Measure]:
-    if not _TABLE or _TABLE_METRICS[0] != metric_names():   # rebuilt when a metric is registered
+    parts = (metric_names(), free_part_names())
+    if not _TABLE or _TABLE_PARTS[0] != parts:   # rebuilt when a metric or a free part is registered
         _TABLE.clear()
-        _TABLE_METRICS[0] = metric_names()
+        _TABLE_PARTS[0] = parts
         _TABLE.update({m.name: m for m in Measure.all()})
-        _TABLE["adaptive"] = Measure(geometry="adaptive")
-        _TABLE["geodesic"] = Measure()
-        _TABLE["euclidean"] = Measure(geometry="euclidean")
+        _TABLE[GEODESIC] = Measure()
+        _TABLE.update({g: Measure(geometry=g) for g in free_part_names()})   # aliases: worst case, ℓ2
     return _TABLE

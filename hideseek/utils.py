@@ -93,3 +93,14 @@ class HostSyncCounter(torch.overrides.TorchFunctionMode):
         if func in self._SYNCS:
             self.counts[self._origin()] += 1
         return func(*args, **(kwargs or {}))
+
+
+def register_named(registry: dict, name: str, obj, what: str):
+    """Add ``obj`` to ``registry`` under ``name`` and return it; a name already taken by another
+    object is an error naming the ``what`` (the one rule of hideseek's registries: pair metrics,
+    free parts, attention families)."""
+    if registry.get(name, obj) is not obj:
+        taken = registry[name]
+        raise ValueError(f"a {what} named {name!r} is already registered ({getattr(taken, '__name__', taken)})")
+    registry[name] = obj
+    return obj

@@ -2,13 +2,32 @@
 
 The models themselves live in ``tests/models.py`` (importable as ``models`` from any test);
 these fixtures give the common model + batches combinations so tests need not rebuild
-them.  Models are function-scoped (a test may move or perturb its copy)."""
+them.  Models are function-scoped (a test may move or perturb its copy).
+
+One intra-op thread per test process (and, through the environment, per process a test
+starts: ranks, notebook kernels, ``dvc``): the models are tiny, so a second thread buys
+nothing and, beside ``pytest -n 2``'s other worker or a busy machine, its OpenMP spin-waits
+cost many times the work (tests that need another thread count set it themselves)."""
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-from tests.models import MHAClassifier, bert_batch, tiny_bert
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+from tests.models import MHAClassifier, bert_batch, tiny_bert  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``slow`` tests first (a stable sort, the same order in every xdist worker): under
+    ``-n 2 --dist worksteal`` the long ones then start at once and the short ones fill in
+    around them, instead of one long test finishing the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def mha_batches(n: int = 2, size: int = 5, seq: int = 4, dim: int = 12, seed: int = 0):

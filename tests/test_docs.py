@@ -127,3 +127,25 @@ def test_architecture_lists_every_module():
                for f in sorted((ROOT / pkg).rglob("*.py"))
                if f"`{f.relative_to(ROOT).as_posix()}`" not in text]
     assert not missing, "docs/architecture.md does not list these modules:\n  " + "\n  ".join(missing)
+
+
+def test_architecture_diffs_apply():
+    """The ```diff blocks of docs/architecture.md ("What an addition touches") still apply to this
+    checkout (``git apply --check``: nothing is written)."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout")
+    blocks = re.findall(r"```diff\n(.*?)```", (ROOT / "docs" / "architecture.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    for i, block in enumerate(blocks):
+        with tempfile.NamedTemporaryFile("w", suffix=".diff", delete=False) as f:
+            f.write(block)
+        try:
+            res = subprocess.run(["git", "apply", "--check", f.name], cwd=ROOT, capture_output=True, text=True)
+        finally:
+            Path(f.name).unlink()
+        assert res.returncode == 0, f"diff {i} of docs/architecture.md no longer applies: {res.stderr}"

@@ -59,6 +59,7 @@ def test_documented_override_runs_dry(cmd, repo_copy):
         assert f"Running stage '{stage}'" in out, out
 
 
+@pytest.mark.slow
 def test_plain_override_of_an_unstated_profile_key_is_refused_by_dvc(repo_copy):
     """Why docs/profiles.md documents `++`: DVC cannot override a key an empty profile section lacks."""
     res = subprocess.run([DVC, "exp", "run", "--dry", "-S", "toy.cpu.n_grid=100", "toy"], cwd=repo_copy,

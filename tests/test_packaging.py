@@ -6,6 +6,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests import ROOT
 
 
@@ -28,6 +30,7 @@ def test_library_source_never_imports_the_companion():
     assert not offenders, f"the library imports paper-companion code: {offenders}"
 
 
+@pytest.mark.slow
 def test_importing_the_library_loads_no_companion_or_heavy_optional_module():
     code = ("import sys, hideseek, hideseek.cli; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in "

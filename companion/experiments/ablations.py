@@ -114,6 +114,7 @@ class Settings:
     workers: int
     threads: int | None
     budget_minutes: float
+    cpu_kernels: str | None        # CPU kernels pinned to this level (companion.kernels), checked before measuring
 
 
 def load_settings(params: Mapping[str, Any]) -> Settings:
@@ -581,9 +582,11 @@ def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *, 
                sources: Mapping[str, Any] | None = None) -> AblationReport:
     """Measure and write every output of the stage (module docstring). ``sources``: per row (and ``"language"``) a
     zoo source to use instead of the zoo folder (tests)."""
+    from companion import kernels
     from companion import metrics as cm
 
     s = load_settings(params)
+    kernels.check(s.cpu_kernels, "ablations")   # the stage's command pins them (python -m companion.kernels ...)
     out = Path(out_dir)
     for sub in ("figures", "metrics", "data"):
         (out / sub).mkdir(parents=True, exist_ok=True)

@@ -694,6 +694,7 @@ class Settings:
     main: Population
     alpha_sweep: Population | None
     orthogonal: Orthogonal | None
+    cpu_kernels: str | None    # CPU kernels pinned to this level (companion.kernels), checked before training
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | "Settings") -> "Settings":
@@ -769,7 +770,10 @@ def run(params: Mapping[str, Any] | Settings, *, progress: bool = True, threads:
     data back (``params``: the stage's resolved parameters or its :class:`Settings`)."""
     import contextlib
 
+    from companion import kernels
+
     s = Settings.from_params(params)
+    kernels.check(s.cpu_kernels, "diagonal")   # the stage's command pins them (python -m companion.kernels ...)
     try:  # ships with scikit-learn; only a speed-up
         from threadpoolctl import threadpool_limits
         limit = threadpool_limits(limits=threads)

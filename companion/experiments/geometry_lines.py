@@ -617,7 +617,9 @@ def diagonal_row(spec: DiagonalSpec, s: Settings, *, metrics_dir="reports/metric
     from companion.experiments import diagonal as dg
 
     dm = json.loads((Path(metrics_dir) / f"{spec.stage}.json").read_text())
-    ds = dg.Settings.from_params(dm["params"])
+    # the retraining runs here, under this stage's own pin (run_report checks it); a diagonal record from before
+    # the diagonal stage had cpu_kernels lacks the key
+    ds = dg.Settings.from_params({**dm["params"], "cpu_kernels": None})
     problem = dg.make_problem(ds.n, ds.d, ds.kappa, seed=ds.seed)
     nets, U, V = dg._population(problem, ds.main, ds, seed=ds.seed + 1, progress=False)   # as dg._run does
     pub = _read(Path(data_dir) / spec.stage / "networks.csv")

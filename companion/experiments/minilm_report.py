@@ -65,6 +65,7 @@ class MiniLMSettings:
     power_alpha: float
     power_n_sim: int
     paired: PairedSettings
+    cpu_kernels: str | None    # CPU kernels pinned to this level (companion.kernels), checked before measuring
 
 
 def settings_from(params: Mapping[str, Any]) -> MiniLMSettings:
@@ -232,10 +233,12 @@ def save_report_data(rep: MiniLMReport, out_dir: str | Path) -> None:
 def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "cpu", *,
                progress: bool = True) -> MiniLMReport:
     """Measure, write metrics and data, return what the notebook plots."""
+    from companion import kernels
     from companion import metrics as cm
     from hideseek.utils import set_threads
 
     s = settings_from(params)
+    kernels.check(s.cpu_kernels, "minilm")   # the stage's command pins them (python -m companion.kernels minilm -- ...)
     set_threads(s.threads)
     for sub in ("figures", "metrics", "data"):
         (Path(out_dir) / sub).mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,7 @@ class Settings:
     selection: Literal["min_mean_val_error"]
     sharpness: Sharpness
     n_boot: int
+    cpu_kernels: str | None        # CPU kernels pinned to this level (companion.kernels), checked before anything runs
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | "Settings") -> "Settings":
@@ -210,7 +211,10 @@ def run(params: Mapping[str, Any] | Settings, *, profile: str = "cpu", progress:
     from hideseek.utils import set_threads
     from tqdm.auto import tqdm
 
+    from companion import kernels
+
     st = Settings.from_params(params)
+    kernels.check(st.cpu_kernels, "sam")   # the stage's command pins them (python -m companion.kernels sam -- ...)
     set_threads(st.threads)
     t0 = time.perf_counter()
     start = pretrained_start(st, profile)

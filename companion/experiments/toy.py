@@ -179,6 +179,7 @@ class Settings:
     y: float
     metric: str
     points: list[tuple[float, float]]   # six fixed points (g, h) the level sets go through
+    cpu_kernels: str | None         # CPU kernels pinned to this level (companion.kernels), checked before computing
 
     @classmethod
     def from_params(cls, params: "Mapping[str, Any] | Settings") -> "Settings":
@@ -189,7 +190,10 @@ def run(params: "Mapping[str, Any] | Settings") -> dict[str, Any]:
     """Fields over the window, normalised to [0, 1], level values through six fixed points,
     and the paper's Appendix D.1 claims measured on the normalised fields (``params``: the
     stage's resolved parameters or its :class:`Settings`)."""
+    from companion import kernels
+
     st = Settings.from_params(params)
+    kernels.check(st.cpu_kernels, "toy")   # the stage's command pins them (python -m companion.kernels toy -- ...)
     lim, n, x, y, metric = st.lim, st.n_grid, st.x, st.y, st.metric
     pts = np.asarray(st.points, float)
     if pts.shape != (6, 2):

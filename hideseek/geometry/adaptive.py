@@ -5,7 +5,9 @@ straight, ``θ + ξ``.  Where ``θ`` is exactly zero the scale ``|θ|`` vanishes
 perturbation is held at zero (those coordinates are not allowed to move).
 
 This is one *part* of a :class:`~hideseek.geometry.space.ProductGeometry`: it owns one tensor
-of the tangent list per parameter and answers the product's questions about them.  Terms
+of the tangent list per parameter and answers the product's questions about them.  It is the
+free part registered as ``"adaptive"`` (:class:`~hideseek.geometry.free.FreePart`,
+:data:`~hideseek.geometry.free.FREE_PARTS`), a sibling of the Euclidean one.  Terms
 of the squared norm are returned as a list so that the product sums all parts' terms in
 one ``stack().sum()``.
 """
@@ -16,7 +18,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-Tangent = list[Tensor]
+from .free import FreePart, Tangent, register_free_part
+
 _CHUNK = 1 << 22   # elements per fused temporary of the norm (16 MiB in float32)
 
 
@@ -30,7 +33,8 @@ def _slices(*ts: Tensor):
     return [tuple(f[a:a + _CHUNK] for f in flat) for a in range(0, flat[0].numel(), _CHUNK)]
 
 
-class AdaptiveGeometry:
+@register_free_part
+class AdaptiveGeometry(FreePart):
     """Elementwise geometry ``‖ξ ⊘ |θ|‖_p`` of the parameters ``theta`` (named ``names``).
 
     Parameters
@@ -48,12 +52,11 @@ class AdaptiveGeometry:
     [tensor(1.3125)]
     """
 
+    name = "adaptive"
+    measure_prefix = {"worst": "m_apgd_", "average": "avg_"}
+
     def __init__(self, names: Sequence[str], theta: Sequence[Tensor], p: str = "l2") -> None:
-        if p not in ("l2", "linf"):
-            raise ValueError(f"p must be 'l2' or 'linf', got {p!r}")
-        self.p = p
-        self.names = list(names)
-        self.theta = [t.detach() for t in theta]
+        super().__init__(names, theta, p)
         # No copy of |θ| is kept (it would be a copy of the parameters): products and
         # quotients use θ itself where only magnitudes matter — IEEE rounding is symmetric
         # under negation, so (g·θ)·θ = (g·|θ|)·|θ| and ‖ξ ⊘ θ‖ = ‖ξ ⊘ |θ|‖ bit for bit —
@@ -78,18 +81,6 @@ class AdaptiveGeometry:
     def scale(self) -> list[Tensor]:
         """``|θ|`` per tensor (computed when asked, not stored)."""
         return [t.abs() for t in self.theta]
-
-    @property
-    def n_tensors(self) -> int:
-        return len(self.theta)
-
-    def zeros(self) -> Tangent:
-        return [torch.zeros_like(t) for t in self.theta]
-
-    def point(self, x: Tangent, out: dict[str, Tensor]) -> None:
-        """Write ``θ + ξ`` into ``out`` (name → tensor)."""
-        for name, t, xi in zip(self.names, self.theta, x):
-            out[name] = t + xi
 
     def sqnorm_terms(self, x: Tangent) -> list[Tensor]:
         """Squared ℓ2 norms of ``ξ ⊘ |θ|``, one scalar per tensor (tensors without zeros
@@ -161,3 +152,33 @@ class AdaptiveGeometry:
             z = randn(t)
             out.append(t.abs() * (torch.sign(z) if self.p == "linf" else z))
         return out
+
+    # ------------------------------------------------------------------ the metric diag(1/θ²)
+    def inv_metric(self, g: Tangent) -> Tangent:
+        """``θ² ⊙ ∇`` (computed as ``(θ·θ)·∇``)."""
+        return [t * t * gi for t, gi in zip(self.theta, g)]
+
+    def inner_terms(self, x: Tangent, y: Tangent) -> list[Tensor]:
+        """``Σ x y / θ²`` per tensor, 0 where θ is exactly 0."""
+        out = []
+        for t, a, b in zip(self.theta, x, y):
+            c = t.abs()
+            out.append(torch.where(c > 0, a * b / torch.where(c > 0, c * c, 1), 0).sum())
+        return out
+
+    def whiten(self, x: Tangent) -> Tangent:
+        """``ξ ⊘ |θ|``, 0 where θ is exactly 0."""
+        out = []
+        for t, xi in zip(self.theta, x):
+            c = t.abs()
+            out.append(torch.where(c > 0, xi / torch.where(c > 0, c, 1), 0))
+        return out
+
+    def unwhiten(self, w: Tangent) -> Tangent:
+        """``|θ| ⊙ w``."""
+        return [t.abs() * wi for t, wi in zip(self.theta, w)]
+
+    def hessian_terms(self, hv: Tangent, x: Tangent, egrad: Tangent) -> Tangent:
+        """For ``g = diag(1/θ²)``: ``(D_ξ g⁻¹)∇f = 2θξ∇f`` and ``Γ(ξ, V) = −ξV/θ`` with
+        ``V = θ²∇f``, so the sum is ``hv + θ ξ ∇f``."""
+        return [h + t * xi * g for t, h, xi, g in zip(self.theta, hv, x, egrad)]

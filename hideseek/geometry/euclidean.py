@@ -2,28 +2,28 @@
 
 The ball is ``‖ξ‖_p ≤ ρ`` on the raw parameters (p = ℓ2 or ℓ∞), the step straight,
 ``θ + ξ``; the steepest ℓ2 ascent direction is the gradient itself.  It is the adaptive
-geometry (:class:`~hideseek.geometry.adaptive.AdaptiveGeometry`) with every scale ``|θ|``
-replaced by 1, so it is a drop-in *free part* of a
-:class:`~hideseek.geometry.space.ProductGeometry` (``free_part=EuclideanGeometry``); the
-scales are stored as 0-dimensional ones, so the inherited ℓ∞ methods and the norm
-accounting broadcast them for free.  Nothing depends on θ but the point itself.
+geometry's (:class:`~hideseek.geometry.adaptive.AdaptiveGeometry`) sibling with every scale
+``|θ|`` replaced by 1: the *free part* registered as ``"euclidean"``
+(:class:`~hideseek.geometry.free.FreePart`) of a
+:class:`~hideseek.geometry.space.ProductGeometry` (``free_part=EuclideanGeometry``); its
+metric is the identity, so it adds nothing to a Hessian-vector product.  Nothing depends on
+θ but the point itself.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .adaptive import AdaptiveGeometry, Tangent
+from .free import FreePart, Tangent, register_free_part
 
 
-class EuclideanGeometry(AdaptiveGeometry):
-    """The Euclidean ball ``‖ξ‖_p ≤ ρ`` on ``theta`` (named ``names``), straight step."""
+@register_free_part
+class EuclideanGeometry(FreePart):
+    """The Euclidean ball ``‖ξ‖_p ≤ ρ`` on ``theta`` (named ``names``), straight step; scale 1
+    everywhere, so no coordinate is held fixed where θ happens to be zero."""
 
-    def __init__(self, names, theta, p: str = "l2") -> None:
-        super().__init__(names, theta, p)
-        # scale 1 everywhere: no coordinate is held fixed where θ happens to be zero
-        self._zero = [False] * len(self.theta)
-        self._nz, self._z = list(range(len(self.theta))), []
+    name = "euclidean"
+    measure_prefix = {"worst": "euclidean_", "average": "avg_euclidean_"}
 
     @property
     def scale(self) -> list[Tensor]:
@@ -57,3 +57,22 @@ class EuclideanGeometry(AdaptiveGeometry):
     def draw(self, randn) -> Tangent:
         """``z`` (ℓ2) or ``sign(z)`` (ℓ∞, corners of the box), ``z`` standard normal."""
         return [torch.sign(randn(t)) if self.p == "linf" else randn(t) for t in self.theta]
+
+    # ------------------------------------------------------------------ the metric: identity
+    def inv_metric(self, g: Tangent) -> Tangent:
+        """The gradient itself."""
+        return list(g)
+
+    def inner_terms(self, x: Tangent, y: Tangent) -> list[Tensor]:
+        """``Σ x y`` per tensor."""
+        return [(a * b).sum() for a, b in zip(x, y)]
+
+    def whiten(self, x: Tangent) -> Tangent:
+        return list(x)
+
+    def unwhiten(self, w: Tangent) -> Tangent:
+        return list(w)
+
+    def hessian_terms(self, hv: Tangent, x: Tangent, egrad: Tangent) -> Tangent:
+        """A constant metric: no derivative, no connection; ``hv`` itself."""
+        return list(hv)

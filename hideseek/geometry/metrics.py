@@ -44,6 +44,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ..utils import register_named
 from .geodesic import exact_geodesic_gl1, exact_geodesic_gl1_mixed
 
 
@@ -375,10 +376,7 @@ def register_metric(cls: type[PairMetric]) -> type[PairMetric]:
     a class decorator); a name already taken by another class is an error."""
     if not (isinstance(cls, type) and issubclass(cls, PairMetric)) or not cls.name:
         raise TypeError(f"register_metric needs a PairMetric subclass with a name, got {cls!r}")
-    if METRICS.get(cls.name, cls) is not cls:
-        raise ValueError(f"a metric named {cls.name!r} is already registered ({METRICS[cls.name].__name__})")
-    METRICS[cls.name] = cls
-    return cls
+    return register_named(METRICS, cls.name, cls, "metric")
 
 
 def metric_names() -> tuple[str, ...]:

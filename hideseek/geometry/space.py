@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..symmetries.base import SymmetryBlock
 from .adaptive import AdaptiveGeometry
+from .free import FreePart, get_free_part
 from .gl import PairGeometry
 from .metrics import PairMetric
 from .rotary import RotaryPairGeometry
@@ -308,7 +309,9 @@ class ProductGeometry:
     pair_part:
         A :class:`PairStack` subclass to use instead of ``PAIR_PARTS[norm]``.
     free_part:
-        The geometry of the parameters outside pairs: :class:`AdaptiveGeometry` (default) or
+        The geometry of the parameters outside pairs: a registered
+        :class:`~hideseek.geometry.free.FreePart` (its class or its name in
+        :data:`~hideseek.geometry.free.FREE_PARTS`): :class:`AdaptiveGeometry` (default) or
         :class:`~hideseek.geometry.euclidean.EuclideanGeometry` (SAM's plain ball).
 
     Examples
@@ -333,7 +336,7 @@ class ProductGeometry:
                  metric: "str | type[PairMetric]" = "invariant", eps: float = 0.0, norm: str = "riemannian",
                  christoffel: bool | str = True, p: str = "l2",
                  pair_part: type[PairStack] | None = None,
-                 free_part: type[AdaptiveGeometry] = AdaptiveGeometry) -> None:
+                 free_part: "type[FreePart] | str" = AdaptiveGeometry) -> None:
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if p not in P_NORMS:
@@ -351,7 +354,7 @@ class ProductGeometry:
         self.pair_part = (pair_part or PAIR_PARTS[norm])(params, self.blocks, metric=metric, eps=eps,
                                                          christoffel=christoffel)
         free_names = [n for n in params if n not in set(owned)]
-        self.adaptive = free_part(free_names, [params[n] for n in free_names], p)
+        self.adaptive = get_free_part(free_part)(free_names, [params[n] for n in free_names], p)
         self.parts = [self.pair_part, self.adaptive]
         ref = next(iter(params.values()))
         self.dtype, self.device = ref.dtype, ref.device

@@ -107,6 +107,9 @@ class SymmetryBlock:
     #: parameters outside the block that its action would also have to move (peft LoRA
     #: adapters on an attention block's projections); they must not be perturbed with it
     adapters: tuple[str, ...] = ()
+    #: what found it: the name of the attention family (:mod:`hideseek.symmetries.families`),
+    #: ``"declared"`` for a block declared by hand, ``""`` otherwise
+    family: str = ""
 
     def split(self, params: Mapping[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
         raise NotImplementedError

@@ -32,6 +32,7 @@ def _threads():
     torch.set_num_threads(n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("measure", list(bench.MEASURES))
 def test_run_task_in_process(measure):
     task = _task(measure, n_batches=2)
@@ -82,6 +83,7 @@ def test_attribution_patches_nothing_and_stops_its_profiler():
     assert all(a is b for a, b in zip(before, inside))
 
 
+@pytest.mark.slow
 def test_fresh_process_memory_and_image_model():
     r = bench.run_fresh(_task("floor", model="tiny-vit", attribute=False))
     assert r.peak_bytes > 0            # a fresh process must allocate activations and grads
@@ -101,6 +103,7 @@ def test_projection_agrees_with_scipy_on_a_small_bert():
     assert "projection" in bench.projection_table(p)
 
 
+@pytest.mark.slow
 def test_cli_in_process_writes_tables(tmp_path):
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     rc = bench.main(["--models", "tiny-bert", "--measures", "floor,adaptive,geodesic_mixed",
@@ -131,6 +134,7 @@ def test_seq_len_beyond_positions_is_refused():
         bench.run_task(_task("floor", seq_len=10_000))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("measure", ["floor", "geodesic_invariant"])
 def test_run_task_under_autocast(measure):
     r = bench.run_task(_task(measure, autocast="bfloat16"))

@@ -3,6 +3,7 @@ loop's, the pass times and the ceiling are measured, the zoo architectures build
 companion's settings."""
 import math
 
+import pytest
 import torch
 
 from benchmarks import bench_zoo
@@ -19,6 +20,7 @@ def test_bench_zoo_measures_passes_and_ceiling():
     assert text.count("| tiny-bert | adaptive |") == 1 and "×" in text
 
 
+@pytest.mark.slow
 def test_zoo_architectures_follow_the_companion_settings():
     from companion.experiments import vision_zoo
 

@@ -12,6 +12,7 @@ from benchmarks import gpu_check
 from tests import ROOT
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip on a machine without CUDA")
 def test_skips_in_one_line_without_cuda():
     out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check"], cwd=ROOT, capture_output=True, text=True,
@@ -21,6 +22,7 @@ def test_skips_in_one_line_without_cuda():
                                                "to check on this machine)"]
 
 
+@pytest.mark.slow
 def test_every_part_runs_on_the_cpu(tmp_path, capsys):
     path = tmp_path / "gpu_check.json"
     rc = gpu_check.main(["--device", "cpu", "--small", "--json", str(path)])

@@ -36,11 +36,46 @@ def test_the_environment_is_the_language_zoos_and_bad_levels_are_refused():
     assert kernels.check(None) is None
 
 
+#: the notebook stages run under `python -m companion.kernels STAGE -- python -m companion.pipeline STAGE`
+WRAPPED = ("vision", "geometry_lines", "sam", "ablations", "minilm", "diagonal", "toy")
+#: per wrapped stage (beyond vision and geometry_lines, tested above and below): a short run of the code that computes
+#: its numbers, with cpu_kernels avx2 and tiny parameters, printing "done" when it finishes (minilm: when, past the
+#: check, it reaches the zoo, which does not exist here: training one costs minutes, and the minilm notebook's test
+#: runs the stage on a tiny zoo with the processor's own kernels)
+CALLS = {
+    "sam": ("from companion.experiments import sam; from tests.companion.notebooks.test_sam import TINY; "
+            "sam.run({**TINY, 'seeds': [0], 'rho_grid': {'sam': [0.1], 'asam': [0.5], 'geodesic_invariant': [0.1], "
+            "'geodesic_mixed': [0.1]}, 'cpu_kernels': 'avx2'}, progress=False); print('done')"),
+    "ablations": ("import sys; from companion.experiments import ablations as ab; "
+                  "from tests.companion.experiments.test_ablations import _settings; "
+                  "p = _settings(cpu_kernels='avx2', language=None); "
+                  "p['rows'] = {'vision': p['rows']['vision']}; "
+                  "ab.run_report('cpu', p, sys.argv[1], progress=False); print('done')"),
+    "minilm": ("import sys; from companion.experiments import minilm_report as mr\n"
+               "p = dict(zoo_dir=sys.argv[1] + '-no-zoo', device='cpu', threads=1, workers=1, n_points=16, batch_size=4, "
+               "data_seed=0, n_iters=1, seed=0, rho={'adaptive': 0.1, 'geodesic_invariant': 0.1, 'geodesic_mixed': 0.1}, "
+               "eps=0.0, max_train_error=0.3, n_boot=50, gap_splits=10, power_alpha=0.05, power_n_sim=20, "
+               "paired=dict(n_boot=100, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=20, retest_splits=10), "
+               "cpu_kernels='avx2')\n"
+               "try:\n    mr.run_report(p, sys.argv[1], progress=False)\n"
+               "except FileNotFoundError as exc:\n    assert 'no zoo at' in str(exc), exc\n    print('done')"),
+    "diagonal": ("from companion.experiments import diagonal as D; from tests.companion.notebooks.test_diagonal import TINY; "
+                 "p = {**TINY['diagonal'], 'rhos': [0.1], 'n_starts': 2, 'n_iters': 5, 'n_boot': 20, 'alpha_sweep': None, "
+                 "'orthogonal': None, 'main': {**TINY['diagonal']['main'], 'n_nets': 4, 'horizon': 300}, "
+                 "'cpu_kernels': 'avx2'}; D.run(p, progress=False); print('done')"),
+    "toy": ("from companion.experiments import toy; from tests.companion.experiments.test_toy import _params; "
+            "toy.run(_params(n_grid=20, cpu_kernels='avx2')); print('done')"),
+}
+
+
 def test_the_cpu_profile_pins_training_and_the_measuring_stages():
     assert stage_params("vision_train", "cpu")[1]["cpu_kernels"] == "avx2"
-    for stage in ("vision", "geometry_lines"):
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for stage in WRAPPED:
+        assert "companion/kernels.py" in stages[stage]["deps"], stage
+        assert stage_params(stage, "gpu")[1]["cpu_kernels"] is None, stage   # the gpu profile: the processor's own
         assert stage_params(stage, "cpu")[1]["cpu_kernels"] == "avx2"
-        cmd = shlex.split(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["cmd"])
+        cmd = shlex.split(stages[stage]["cmd"])
         assert cmd[:5] == ["python", "-m", "companion.kernels", stage, "--"], cmd
         assert cmd[5:] == ["python", "-m", "companion.pipeline", stage]
 
@@ -106,3 +141,24 @@ def test_vision_train_restarts_pinned_and_its_workers_train_with_avx2(tmp_path):
     meta = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
     assert meta["cpu_kernels"] == {"capability": "AVX2", **kernels.KERNEL_ENV["avx2"]}
     assert meta["settings"]["cpu_kernels"] == "avx2" and len(meta["members"]) == 2
+
+
+@pytest.mark.skipif(not X86, reason="AVX2 kernels exist on x86-64 only")
+@pytest.mark.parametrize("stage", sorted(CALLS))
+def test_a_pinned_stage_refuses_an_unpinned_run_and_runs_under_its_command(stage, tmp_path):
+    """The stage's computing code with cpu_kernels avx2: started without the environment it stops with the check's
+    one-line refusal before computing anything; started as the stage's dvc.yaml command starts it (the wrapper
+    `python -m companion.kernels STAGE --` reading the cpu profile's section, from an unpinned environment) it runs
+    to the end."""
+    full = yaml.safe_load((ROOT / "params.yaml").read_text())
+    pfile = tmp_path / "params.yaml"
+    pfile.write_text(yaml.safe_dump({"profile": "cpu", stage: full[stage]}))
+    call = [sys.executable, "-c", CALLS[stage], str(tmp_path / "out")]
+    res = _run(call, UNPINNED, timeout=600)
+    assert res.returncode != 0 and "done" not in res.stdout
+    assert f"RuntimeError: {stage}: cpu_kernels='avx2' but torch runs" in res.stderr, res.stderr[-800:]
+    assert not (tmp_path / "out" / "metrics").exists()      # refused before anything is written
+    res = _run([sys.executable, "-m", "companion.kernels", stage, "--params", str(pfile), "--", *call], UNPINNED,
+               timeout=600)
+    assert res.returncode == 0, res.stderr[-800:]
+    assert res.stdout.strip().splitlines()[-1] == "done"

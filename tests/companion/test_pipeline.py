@@ -1,6 +1,8 @@
 """The papermill stage runner: parameter resolution and atomic publishing."""
 import json
 import re
+import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -69,6 +71,7 @@ def test_resolve_and_overrides():
         parse_overrides(["novalue"])
 
 
+@pytest.mark.slow
 def test_run_publishes_then_failure_leaves_reports_untouched(tmp_path):
     root = make_repo(tmp_path)
     reports = root / "reports"
@@ -206,12 +209,13 @@ def _copy_stage_files(dst: Path, stage: str) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_a_stage_run_in_two_folders_publishes_identical_bytes(tmp_path):
     """Issue 24 item 6: no machine path, no random cell id, so the same run elsewhere gives the same files."""
     roots = [_copy_stage_files(tmp_path / "first", "toy"), _copy_stage_files(tmp_path / "elsewhere" / "deeper", "toy")]
     published = []
     for root in roots:
-        run_stage("toy", root=root, overrides={"n_grid": 20}, progress_bar=False)
+        run_stage("toy", root=root, overrides={"n_grid": 20, "cpu_kernels": None}, progress_bar=False)
         reports = root / "reports"
         files = {p.relative_to(reports): p.read_bytes() for p in reports.rglob("*")
                  if p.is_file() and p.relative_to(reports).parts[0] != "timings"}
@@ -243,3 +247,64 @@ def test_published_notebooks_are_normalised_and_scrubbing_is_idempotent(tmp_path
             assert prefix not in text, f"{nb_path.name} holds {prefix!r}"
         # papermill's staging folders are mkdtemp names, <stage>-<8 random characters>/
         assert not re.search(r"\.staging/\w+-\w{8}/", text), f"{nb_path.name} holds a random staging folder"
+
+
+LIVE_BODY = """
+import json, sys, time
+from pathlib import Path
+print("members 1/2 geodesic_mixed [00:01<00:01]", file=sys.stderr, flush=True)
+print("the report's line")
+time.sleep(1.0)                                  # the kernel's stderr is flushed by now
+Path(params["clock"]).write_text(repr(time.time()))   # when the run went on after the progress line
+(Path(out_dir) / "metrics").mkdir(parents=True)
+(Path(out_dir) / "metrics" / "demo.json").write_text(json.dumps({"slope": params["slope"]}))
+"""
+
+
+class _Terminal:
+    """A stand-in for the terminal: what was written, and when."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, text):
+        self.writes.append((time.time(), text))
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def first(self, needle):
+        return next((t for t, text in self.writes if needle in text), None)
+
+
+@pytest.mark.slow
+def test_stage_progress_reaches_the_terminal_while_the_stage_runs(tmp_path, monkeypatch):
+    """Issue 32 item 5: the kernel's stderr (the stage's progress bars) is written to the terminal
+    as it comes — before the notebook's next line runs — and still kept out of the published
+    notebook, whose bytes do not change; HIDESEEK_PROGRESS=0 switches the live stream off (the
+    log is then echoed once, after the run, as before)."""
+    root = make_repo(tmp_path)
+    nb = nbformat.read(root / "notebooks" / "demo.ipynb", as_version=4)
+    nb.cells[1].source = LIVE_BODY
+    nbformat.write(nb, root / "notebooks" / "demo.ipynb")
+    clock = tmp_path / "clock.txt"
+    published = {}
+    for live in ("1", "0"):
+        monkeypatch.setenv("HIDESEEK_PROGRESS", live)
+        terminal = _Terminal()
+        with monkeypatch.context() as m:
+            m.setattr(sys, "stderr", terminal)
+            res = run_stage("demo", root=root, progress_bar=False, overrides={"clock": str(clock)})
+        shown, later = terminal.first("members 1/2 geodesic_mixed"), float(clock.read_text())
+        assert shown is not None, "the progress line never reached the terminal"
+        if live == "1":
+            assert shown < later, "the progress line reached the terminal only after the stage ran on"
+        else:
+            assert shown > later, "HIDESEEK_PROGRESS=0 still streamed the kernel's stderr"
+        assert sum("members 1/2" in text for _, text in terminal.writes) == 1      # once, not twice
+        published[live] = res.notebook.read_bytes()
+        streams = [(o.name, o.text) for c in nbformat.reads(published[live].decode(), as_version=4).cells
+                   for o in c.get("outputs", []) if o.output_type == "stream"]
+        assert streams == [("stdout", "the report's line\n")]      # the progress line is not in the report
+    assert published["1"] == published["0"]

@@ -35,6 +35,7 @@ def test_only_the_cpu_profile_skips_the_bert_zoo_and_never_a_primary_row():
         assert s not in cpu and "companion.skipped" not in stages[s]["cmd"]
 
 
+@pytest.mark.slow
 def test_the_cpu_command_skips_in_seconds_and_writes_every_declared_output(tmp_path):
     """The real command line, in a fresh process: the wrapped command (which would fail) is never run."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

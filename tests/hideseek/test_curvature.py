@@ -353,6 +353,22 @@ def test_hutchinson_and_hutchpp_converge_to_the_exact_trace():
     assert abs(pp.value - exact) <= 4 * pp.stderr and pp.n_matvecs == 30
 
 
+def test_the_whitened_hessian_is_an_operator_of_the_estimators():
+    """hideseek.estimators runs on the Hessian's symmetric form as on any operator: the exact
+    trace of the dense matrix built column by column equals the chunked exact trace, and a
+    dense copy gives the stochastic estimates of the operator itself (same probes)."""
+    from hideseek.estimators import DenseOperator, Operator, exact_trace, hutchpp_trace
+
+    Hop = RiemannianHessian(FactorNet(), _factor_data(), hs.Measure(metric="mixed"), pairs=FACTOR_PAIR,
+                            keep_graph=True)
+    W = Hop.whitened()
+    assert isinstance(W, Operator) and W.shape == Hop.shape == (Hop.dim, Hop.dim)
+    dense = DenseOperator(Hop.dense())
+    assert exact_trace(dense).value == pytest.approx(Hop.trace().value, rel=1e-10, abs=1e-12)
+    a, b = Hop.trace("hutch++", n_probes=9, seed=4), hutchpp_trace(dense, n_probes=9, seed=4)
+    assert a.value == pytest.approx(b.value, rel=1e-8, abs=1e-10) and a.stderr == pytest.approx(b.stderr, rel=1e-6)
+
+
 def test_kept_graph_and_batched_products_give_the_same_values():
     """keep_graph (one backward pass per product) and chunked products (one vectorised
     backward pass per chunk) change nothing but the cost."""

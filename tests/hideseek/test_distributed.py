@@ -5,10 +5,19 @@ port, killed after a bounded time); each rank brings *its own* batches (rank 0 o
 three: the counts differ on purpose) and the reference is one process measuring all four
 (or, for SAM, training on the concatenated batch), computed here, in the test's process.
 Tiny Hugging Face BERT (``tests/models.py``), float64 unless said.
+
+The four paths (DDP, the zoo under DDP, FSDP2, SAM under both) run in *one* pair of spawned
+ranks (:func:`ranks`, once per module: starting two processes that import torch and
+transformers is most of the cost), each rank returning every path's results; each test then
+checks its own path against its one-process reference.
 """
 import warnings
 
 import pytest
+
+#: two spawned gloo ranks, once for the module: under pytest-xdist (``--dist loadgroup``) every test
+#: of the module runs in the same worker, so the ranks are spawned once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
 import torch
 
 import hideseek as hs
@@ -19,7 +28,7 @@ from tests.models import bert_batch, tiny_bert
 #: an idle 2-core machine each test's ranks finish in well under a minute (most of it importing
 #: torch and transformers in two fresh processes), but a machine shared by several jobs slows
 #: two spawned processes down by an order of magnitude
-TIMEOUT = 600
+TIMEOUT = 1200
 MEASURES = [dict(measure="adaptive"), dict(metric="invariant"), dict(metric="mixed")]
 KW = dict(rho=0.05, n_iters=3, seed=3, progress=False)
 ZOO_RHOS = [0.05, 0.1]
@@ -66,6 +75,18 @@ def _close(got, ref, tol, of_loss=False):
         assert abs(a - b) <= tol * max(abs(c), 1e-12), (got["per_batch"], ref.per_batch)
 
 
+def _all_worker(rank, world):
+    """Every path's worker, one after another in the same process group."""
+    return {"ddp": _ddp_worker(rank, world), "zoo": _zoo_worker(rank, world),
+            "fsdp": _fsdp_worker(rank, world), "sam": _sam_worker(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """The two ranks' results of every path (one spawn for the module)."""
+    return spawn(_all_worker, 2, timeout=TIMEOUT)
+
+
 # ---------------------------------------------------------------------------- data parallel
 def _ddp_worker(rank, world):
     warnings.simplefilter("ignore")
@@ -86,8 +107,8 @@ def _ddp_worker(rank, world):
     return out
 
 
-def test_ddp_equals_one_process_over_every_rank_batches():
-    ranks = spawn(_ddp_worker, 2, timeout=TIMEOUT)
+def test_ddp_equals_one_process_over_every_rank_batches(ranks):
+    ranks = [r["ddp"] for r in ranks]
     refs = _reference(MEASURES)
     (restart_ref,) = _reference([dict(metric="mixed")], restarts=2)
     for r, out in enumerate(ranks):
@@ -134,11 +155,11 @@ def _zoo_worker(rank, world):
             for kw in MEASURES]
 
 
-def test_zoo_under_ddp_equals_one_process_over_every_rank_batches():
+def test_zoo_under_ddp_equals_one_process_over_every_rank_batches(ranks):
     """``hs.sharpness_zoo`` in a process group: every rank returns, per member and radius, the
     result over both ranks' batches — the same as one process running the zoo (and
     ``hs.sharpness``) over all four batches, restart values included."""
-    ranks = spawn(_zoo_worker, 2, timeout=TIMEOUT)
+    ranks = [r["zoo"] for r in ranks]
     zoo, single = _zoo_reference(MEASURES)
     for out in ranks:
         assert len(out) == len(MEASURES)
@@ -181,8 +202,8 @@ def _fsdp_worker(rank, world):
     return out
 
 
-def test_fsdp2_equals_one_process_over_every_rank_batches():
-    ranks = spawn(_fsdp_worker, 2, timeout=TIMEOUT)
+def test_fsdp2_equals_one_process_over_every_rank_batches(ranks):
+    ranks = [r["fsdp"] for r in ranks]
     refs = _reference(MEASURES)
     (f32,) = _reference([dict(metric="mixed")], dtype=torch.float32)
     (avg,) = _reference([dict(metric="invariant", kind="average")], n_samples=3)
@@ -255,8 +276,8 @@ def _sam_worker(rank, world):
     return out
 
 
-def test_sam_under_ddp_and_fsdp2_equals_one_process_on_all_the_data():
-    ranks = spawn(_sam_worker, 2, timeout=TIMEOUT)
+def test_sam_under_ddp_and_fsdp2_equals_one_process_on_all_the_data(ranks):
+    ranks = [r["sam"] for r in ranks]
     start = {n: p.detach() for n, p in tiny_bert(seed=1).named_parameters()}
     data = _sam_data([bert_batch(seed=0), bert_batch(seed=1)])
     for i, m in enumerate(SAM_MEASURES):

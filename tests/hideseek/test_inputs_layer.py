@@ -186,6 +186,7 @@ def test_data_parallel_is_unwrapped(data):
     assert rf.value == relative_flatness(model, [data], "head.weight").value
 
 
+@pytest.mark.slow
 def test_compiled_model_is_measured_through_its_original_module(data):
     model = MHAClassifier()
     compiled = torch.compile(model)     # compilation is lazy: nothing compiles until a call

@@ -107,6 +107,7 @@ def test_low_memory_changes_no_value(kw):
     assert all(e >= 0 for e in extra) and sum(extra) > 0
 
 
+@pytest.mark.slow
 def test_low_memory_none_chooses_by_model_size(monkeypatch):
     """``low_memory=None`` is ``True`` from LOW_MEMORY_FROM perturbed elements on (the extra
     gradient passes appear), ``False`` below (none); the values are the same either way."""

@@ -33,6 +33,7 @@ def _check(zoo_rows, models, batches, rhos, tol, **kw):
             assert res.value == pytest.approx(ref.value, rel=tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(measure="adaptive"), dict(metric="mixed"), dict(metric="invariant"),
                                 dict(measure="adaptive", p="linf"), dict(metric="mixed", norm="adaptive")],
                          ids=["adaptive", "mixed", "invariant", "linf", "mixed-adaptive-ball"])
@@ -57,6 +58,7 @@ def test_vit_zoo_equals_separate_calls_float32():
         _check([[r] for r in res], models, batches, [0.1], 1e-5, metric="mixed")
 
 
+@pytest.mark.slow
 def test_low_memory_in_the_zoo():
     models = [tiny_bert(seed=s) for s in range(2)]
     batches = [bert_batch(seed=0)]

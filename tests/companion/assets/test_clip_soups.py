@@ -131,6 +131,7 @@ def test_only_the_image_tower_and_head_are_parameters(small_file):
     assert n_mha == SMALL["layers"]  # the packed attention the symmetry finder looks for
 
 
+@pytest.mark.slow
 def test_real_vit_b32_layout_loads_with_the_default_expectation(tmp_path):
     torch.manual_seed(0)
     # The image tower and head at full size; the (ignored) text parameters small, to save time.

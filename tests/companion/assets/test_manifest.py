@@ -125,6 +125,7 @@ def run_cli(*args, cwd=REPO):
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_cli_prints_the_message_without_a_traceback_and_exits_2(tmp_path):
     out = run_cli("check", "--profile", "paper", "--root", str(tmp_path), "--write", str(tmp_path / "fp.json"))
     assert out.returncode == 2

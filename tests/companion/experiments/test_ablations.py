@@ -38,7 +38,7 @@ def _settings(**kw):
                       "reason": ""},
          "n_boot": 200, "seed": 24, "confidence": 0.95, "retest_splits": {"n_splits": 20, "seed": 24},
          "check_rtol": 1e-5, "metrics_dir": "unused", "data_dir": "unused", "workers": 1, "threads": 1,
-         "budget_minutes": 20}
+         "budget_minutes": 20, "cpu_kernels": None}
     p.update(kw)
     return p
 

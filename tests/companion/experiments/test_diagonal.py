@@ -301,6 +301,7 @@ def test_batched_projection_equals_row_by_row():
         assert float(ball.sqnorm([rows[i]])) <= 0.16 * (1 + 1e-9) and bool((rows[i] >= -0.5).all())
 
 
+@pytest.mark.slow
 def test_best_of_starts_reaches_an_independent_multistart_maximum():
     """Tiny mixed-metric problem (the objective is a convex quadratic in b on an ellipsoid cut by
     b >= -1/2, so it has local maxima): SLSQP from 300 random starts is the reference."""

@@ -39,6 +39,7 @@ def _settings(**kw):
     return p
 
 
+@pytest.mark.slow
 def test_member_values_equal_direct_library_calls():
     model, bs = tiny_bert(0), _batches()
     rho = {"invariant": 0.05, "mixed": 0.01}
@@ -170,6 +171,7 @@ def _published(tmp_path, n):
          "table1": [{"primary": True, "setting": "tiny BERTs"}], "zoo": {"n_planned": n + 1}}))
 
 
+@pytest.mark.slow
 def test_stage_report_and_table1_lines(tmp_path):
     n = 5
     _published(tmp_path, n)

@@ -53,6 +53,7 @@ def test_split_half_reliability_matches_the_binomial_truth():
     assert lp.split_half_reliability(errors, train, n_splits=20, seed=0) == pytest.approx(truth, abs=0.03)
 
 
+@pytest.mark.slow
 def test_power_is_the_level_without_effect_and_grows_with_members():
     assert lp.power(30, 0.0, 0.9, 0.9, alpha=0.05, n_sim=2000, seed=0) == pytest.approx(0.05, abs=0.015)
     small = lp.power(20, 0.3, 0.9, 0.9, alpha=0.05, n_sim=500, seed=0)

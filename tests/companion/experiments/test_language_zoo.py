@@ -79,6 +79,7 @@ def test_workers_and_threads_change_no_member(tmp_path):
         assert all(torch.equal(s1[k], s2[k]) for k in s1), a["name"]
 
 
+@pytest.mark.slow
 def test_pinned_cpu_kernels_are_checked(tiny_zoo, tmp_path):
     import os
     import platform
@@ -258,6 +259,7 @@ def test_load_zoo_errors(tmp_path):
         lz.load_zoo(tmp_path)
 
 
+@pytest.mark.slow
 def test_cli_reads_params_and_overrides(tmp_path):
     import yaml
 
@@ -284,6 +286,7 @@ def test_cli_reads_params_and_overrides(tmp_path):
         lz.main(["train", "--out", str(out), "--params", str(pfile), "--profile", "gpu"])
 
 
+@pytest.mark.slow
 def test_cli_restarts_with_pinned_kernels(tmp_path):
     """cpu_kernels: avx2 from the command line: the process restarts itself with KERNEL_ENV and
     records the pinned kernels in zoo.json."""

@@ -10,7 +10,7 @@ def test_paired_settings_name_this_row_only(tmp_path):
     p = mr.PairedSettings(n_boot=10, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=10, retest_splits=7)
     s = mr.MiniLMSettings(zoo_dir="", device="cpu", threads=1, workers=1, n_points=8, batch_size=4, data_seed=0, n_iters=1,
                           seed=0, rho=None, eps=0.0, max_train_error=0.2, n_boot=10, gap_splits=5, power_alpha=0.05,
-                          power_n_sim=5, paired=p)
+                          power_n_sim=5, paired=p, cpu_kernels=None)
     ps = mr.paired_settings(s, tmp_path)
     assert list(ps.rows) == ["minilm"] and ps.rows["minilm"].row == "language" and ps.rows["minilm"].layout == "language"
     assert (ps.n_boot, ps.seed, ps.power.n_sim, ps.retest_splits.n_splits) == (10, 24, 5, 7)
@@ -52,7 +52,7 @@ def test_a_measure_without_reliability_gets_delta_but_no_power(tmp_path):
     p = mr.PairedSettings(n_boot=300, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=10, retest_splits=7)
     s = mr.MiniLMSettings(zoo_dir="", device="cpu", threads=1, workers=1, n_points=8, batch_size=4, data_seed=0, n_iters=1,
                           seed=0, rho=None, eps=0.0, max_train_error=0.2, n_boot=10, gap_splits=5, power_alpha=0.05,
-                          power_n_sim=5, paired=p)
+                          power_n_sim=5, paired=p, cpu_kernels=None)
     ps = mr.paired_settings(s, tmp_path)
     with pytest.raises(ValueError, match="signal"):     # why the shared table cannot be used here
         pr.delta_table(rd, ps)
@@ -88,7 +88,7 @@ def test_the_delta_table_names_this_stage_not_its_staging_folder(tmp_path):
     p = mr.PairedSettings(n_boot=50, seed=24, confidence=0.95, power_n_sim=3, power_n_boot=10, retest_splits=5)
     s = mr.MiniLMSettings(zoo_dir="", device="cpu", threads=1, workers=1, n_points=8, batch_size=4, data_seed=0, n_iters=1,
                           seed=0, rho=None, eps=0.0, max_train_error=0.2, n_boot=10, gap_splits=5, power_alpha=0.05,
-                          power_n_sim=3, paired=p)
+                          power_n_sim=3, paired=p, cpu_kernels=None)
     out = mr.delta_table(s, data)
     assert list(out["stage"]) == ["minilm", "minilm"] and list(out["row"]) == ["minilm", "minilm"]
     # the shared loader still names a published folder's stage by its name (reports/data/<stage>)

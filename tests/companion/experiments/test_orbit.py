@@ -52,6 +52,7 @@ def test_action_moves_weights_not_the_function():
         act_on_heads(copy.deepcopy(model), 0.0, draw_head_matrices(model))
 
 
+@pytest.mark.slow
 def test_geodesic_ratio_is_one_adaptive_moves():
     model = _bert()
     frame = orbit_ratios(model, _batch(), [1e-2, 1.0, 1e2], RHO, n_iters=5, seed=0)
@@ -69,6 +70,7 @@ def test_missing_rho():
         orbit_ratios(_bert(), _batch(), [1.0], {"adaptive": 0.5}, n_iters=1)
 
 
+@pytest.mark.slow
 def test_run_orbit_on_a_zoo_member(tmp_path):
     """run_orbit reads a zoo member and its first sharpness batch (a tiny zoo, 1 iteration)."""
     from companion.experiments import language_zoo as lz

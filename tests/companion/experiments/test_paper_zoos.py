@@ -212,6 +212,7 @@ def _run(args, **kw):
                           timeout=120, **kw)
 
 
+@pytest.mark.slow
 def test_vision_train_cli_with_profile_paper_and_no_assets_prints_the_one_message(tmp_path):
     empty = tmp_path / "paper"
     empty.mkdir()
@@ -443,6 +444,7 @@ def test_language_notebook_runs_on_the_mccoy_zoo_with_profile_paper(bert_assets,
     assert {"fig5_language.png", "language_zoo.png", "fig9_eps.png"} <= {p.name for p in res.figures}
 
 
+@pytest.mark.slow
 def test_language_train_cli_with_profile_paper_and_no_assets_prints_the_one_message(tmp_path):
     empty = tmp_path / "paper"
     empty.mkdir()

@@ -13,7 +13,8 @@ POINTS = [(0.5, 0.5), (1.0, 1.0), (1.6, 1.1), (-0.6, 1.2), (-1.2, -1.5), (1.4, -
 
 
 def _params(**kw):
-    return {"n_grid": 40, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant", "points": POINTS, **kw}
+    return {"n_grid": 40, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant", "points": POINTS, "cpu_kernels": None,
+            **kw}
 PTS = [(0.7, 1.3), (-1.1, 0.4), (2.0, -0.3), (0.3, 0.25)]
 
 

@@ -166,3 +166,18 @@ def test_calibration_by_hand(tiny):
     assert b["stage_minutes"] == pytest.approx((b["pretrain_seconds"] + 30.0 / tiny.workers + rest) / 60)
     with pytest.raises(ValueError, match="batch size"):
         vmp.calibration({"candidates": report["candidates"][:1]}, tiny, timings)
+
+
+def test_the_earlier_pilots_and_sam_keep_the_recipe_they_were_run_with(pilot):
+    """The cpu profile moved to the chosen recipe; the 4- and 16-token pilots and sam keep the recipe they ran with."""
+    import dataclasses
+
+    from companion.experiments import vision_pilot as vp
+    from companion.params import stage_params
+
+    before = vz.load_settings("cpu", pilot.base_overrides + ["cpu_kernels=null"])
+    for section in ("vision_pilot", "vision16_pilot"):
+        s = vz.load_settings("cpu", settings(vp.VisionPilot, section, "cpu").vision_overrides)
+        assert dataclasses.replace(s, model=before.model) == before, section
+    st = stage_params("sam", "cpu")[1]
+    assert vz.load_settings("cpu", st["vision_overrides"]).pretrain == before.pretrain   # sam's start: as measured

@@ -165,6 +165,7 @@ def test_members_share_the_start_and_fit_the_whole_pool(tiny, tmp_path, monkeypa
         assert hp.mixup_alpha == m["hparams"]["mixup_alpha"] > 0
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_saves_per_example_errors_and_no_timings(tiny, tmp_path):
     a = vz.train_zoo(tmp_path / "a", tiny, progress=False)
     two = vz.load_settings("cpu", TINY + ["workers=2"])

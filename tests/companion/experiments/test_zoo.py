@@ -88,6 +88,7 @@ def test_bad_inputs():
         measure_zoo([("a", lambda: 3)], b, MEASURES, [0.1], seed=0, n_iters=1, progress=False)
 
 
+@pytest.mark.slow
 def test_workers_give_every_value_bit_for_bit(tmp_path):
     # two spawned processes, each measuring whole models at this process's thread count, against
     # the serial loop: every value, per-batch value and base loss identical (float32, the zoos' dtype);

@@ -29,7 +29,8 @@ def test_ablations_notebook_runs_and_publishes(tmp_path, monkeypatch):
     run_stage("minilm", reports_dir=reports, progress_bar=False, params=dict(
         zoo_dir=str(zoo), device="cpu", threads=1, workers=1, n_points=16, batch_size=4, data_seed=0, n_iters=1, seed=0,
         rho=RHO, eps=0.0, max_train_error=0.3, n_boot=50, gap_splits=10, power_alpha=0.05, power_n_sim=20,
-        paired=dict(n_boot=100, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=20, retest_splits=10)))
+        paired=dict(n_boot=100, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=20, retest_splits=10),
+        cpu_kernels=None))
     params = {"rows": {"minilm": {"row": "language", "stage": "minilm", "zoo": str(zoo), "batches": [0, 2],
                                   "variants": ["no_christoffel", "christoffel_only"], "eps_grid": [0.1], "reason": ""},
                        "vision": {"row": "vision", "stage": "vision", "zoo": None, "batches": [0, 1],
@@ -40,7 +41,8 @@ def test_ablations_notebook_runs_and_publishes(tmp_path, monkeypatch):
                                      "dtype": "float64"}, "reason": ""},
               "n_boot": 100, "seed": 24, "confidence": 0.95, "retest_splits": {"n_splits": 10, "seed": 24},
               "check_rtol": 1e-5, "metrics_dir": str(reports / "metrics"), "data_dir": str(reports / "data"),
-              "workers": 1, "threads": 1, "budget_minutes": 20}
+              "workers": 1, "threads": 1, "budget_minutes": 20,
+              "cpu_kernels": None}
     res = run_stage("ablations", params=params, reports_dir=reports, progress_bar=False)
     assert {p.name for p in res.figures} >= {"fig7_minilm.png", "fig8_minilm.png", "fig9_eps.png", "fig5_language.png",
                                              "relative_flatness.png", "orbit_invariance.png"}

@@ -10,7 +10,7 @@ from companion.pipeline import run_stage
 
 TINY = {
     "toy": {"n_grid": 24, "lim": 2.0, "x": 1.0, "y": 1.0, "metric": "invariant",
-            "points": [[0.5, 0.5], [1.0, 1.0], [1.6, 1.1], [-0.6, 1.2], [-1.2, -1.5], [1.4, -1.4]]},
+            "points": [[0.5, 0.5], [1.0, 1.0], [1.6, 1.1], [-0.6, 1.2], [-1.2, -1.5], [1.4, -1.4]], "cpu_kernels": None},
     "diagonal": {"n": 15, "d": 30, "kappa": 3, "seed": 0, "stop_loss": 1e-4, "max_steps": 40000, "check_every": 100,
                  "rho": 0.1, "rhos": [0.03, 0.1], "n_iters": 10, "n_starts": 3, "n_boot": 50, "convergence_factor": 2,
                  "main": {"n_nets": 6, "alpha": 0.1,
@@ -22,7 +22,7 @@ TINY = {
                                  "methods": {"gd": {"batch_size": 15, "lr": {"constant": 0.2}}},
                                  "lr_factor_range": [1.0, 1.0], "schedules": ["constant"],
                                  "decay_fracs": [0.1], "decay_factor": 10.0, "horizon": 1000},
-                 "orthogonal": {"d": 6, "rho": 1e-3}},
+                 "orthogonal": {"d": 6, "rho": 1e-3}, "cpu_kernels": None},
 }
 
 

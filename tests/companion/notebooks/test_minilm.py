@@ -24,7 +24,8 @@ def test_minilm_notebook_runs_and_publishes(tmp_path, monkeypatch):
     params = dict(zoo_dir=str(zoo), device="cpu", threads=1, workers=1, n_points=16, batch_size=4, data_seed=0,
                   n_iters=1, seed=0, rho=RHO, eps=0.0, max_train_error=0.3, n_boot=50, gap_splits=10,
                   power_alpha=0.05, power_n_sim=20,
-                  paired=dict(n_boot=200, seed=24, confidence=0.95, power_n_sim=10, power_n_boot=50, retest_splits=10))
+                  paired=dict(n_boot=200, seed=24, confidence=0.95, power_n_sim=10, power_n_boot=50, retest_splits=10),
+                  cpu_kernels=None)
     reports = tmp_path / "reports"
     res = run_stage("minilm", params=params, reports_dir=reports, progress_bar=False)
     assert {p.name for p in res.figures} >= {"minilm_zoo.png", "minilm_gap_vs_sharpness.png", "minilm_delta_tau.png"}

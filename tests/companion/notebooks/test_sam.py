@@ -19,7 +19,7 @@ TINY = dict(
     rho_grid=dict(sam=[0.01, 0.1], asam=[0.5], geodesic_invariant=[0.1], geodesic_mixed=[0.05, 0.1]),
     selection="min_mean_val_error",
     sharpness=dict(measures=dict(geodesic_invariant=0.1, geodesic_mixed=0.1), n_images=16, n_iters=1),
-    n_boot=100)
+    n_boot=100, cpu_kernels=None)   # the processor's own kernels (the pinned path: tests/companion/test_kernels.py)
 
 
 @pytest.mark.slow

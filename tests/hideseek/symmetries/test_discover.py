@@ -139,6 +139,7 @@ def test_add_bias_kv_refused():
         find_symmetries(m)
 
 
+@pytest.mark.slow
 def test_discovery_does_not_import_open_clip_for_other_models():
     import subprocess
     import sys
