@@ -21,10 +21,11 @@ setup: $(STAMP)
 repro: $(STAMP)
 	. $(VENV)/bin/activate && dvc repro
 
-# two pytest-xdist workers (one torch thread each: tests/conftest.py), the `slow` tests started first,
+# two pytest-xdist workers (one torch thread each: tests/conftest.py), a file's tests in one worker, the
+# files of the `slow` tests started first,
 # the 25 slowest printed; the edit loop's fast tier: python -m pytest -q -m "not slow"
 test: $(STAMP)
-	. $(VENV)/bin/activate && python -m pytest -q -n 2 --dist loadgroup --durations=25
+	. $(VENV)/bin/activate && python -m pytest -q -n 2 --dist loadfile --durations=25
 
 # GPU checks (issues 17 and 25): issue 25's new paths on one GPU first — NCCL with one rank (FSDP2
 # and DDP against the unwrapped model), LoRA on a bfloat16 base, MiniLM's cost per measure
