@@ -16,7 +16,7 @@ from ..utils import release_freed_memory
 
 
 def setup_pass(loss: Loss, all_params: dict[str, Tensor], x0, y0, perturb: Sequence[str],
-                checks: bool) -> tuple[Tensor, dict[str, Tensor]]:
+               checks: bool) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss and gradient at θ on the first batch.  The parameters that get a gradient are
     the ones that take part (an unused text tower does not); the gradient is also Auto-PGD's
     start on the first batch (ξ = 0).  With ``checks``, a second identical pass must give
@@ -73,3 +73,34 @@ def random_point(geom: ProductGeometry, rho: float, gen: torch.Generator) -> lis
     """A random point of the ball: a uniform direction times ``ρ r``, ``r`` uniform on [0, 1)."""
     r = float(torch.rand((), generator=gen))
     return [rho * r * t for t in geom.random_direction(gen)]
+
+
+class Start:
+    """The set-up pass's ``L(θ)`` and gradient on the first batch: the first evaluation of a
+    search from ξ = 0 there, handed over once (:meth:`take`; the search then alone holds the
+    gradient and frees it when it moves on).  Held by the prepared problem
+    (:class:`hideseek.engine.engine.Prepared`), consumed by the first batch's search: no
+    caller has to remember to take or drop it."""
+
+    def __init__(self, loss0: Tensor, grads: dict[str, Tensor]) -> None:
+        self.loss0, self._grads = loss0, grads
+
+    @property
+    def grads(self) -> dict[str, Tensor] | None:
+        """The set-up gradient by parameter name, or ``None`` once taken or dropped."""
+        return self._grads
+
+    def take(self, geometry: ProductGeometry, trim: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """``(L(θ), ∂L/∂ξ at ξ = 0)`` in ``geometry``'s layout (the first batch's); the start
+        lets go of the gradient (``trim``: then hands freed heap memory back)."""
+        grads, self._grads = self._grads, None
+        if grads is None:
+            raise RuntimeError("the set-up pass's gradient was already handed to a search")
+        start = self.loss0, geometry.pullback(grads)
+        if trim:
+            release_freed_memory()     # the set-up's temporaries (second pass, geometry) are freed
+        return start
+
+    def drop(self) -> None:
+        """Let go of the gradient unused (a search that starts elsewhere)."""
+        self._grads = None
