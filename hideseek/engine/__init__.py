@@ -8,9 +8,11 @@
   perturbation (:class:`~hideseek.engine.loss.BatchObjective`);
 * :mod:`hideseek.engine.result` — :class:`~hideseek.engine.result.SharpnessResult`, the per-batch
   :class:`~hideseek.engine.result.BatchRecord` and the norm accounting;
-* :mod:`hideseek.engine.engine` — :class:`~hideseek.engine.engine.SharpnessProblem`: set-up into an
-  immutable :class:`~hideseek.engine.engine.Prepared`, one batch's search with the restart rule, the
-  batch loop;
+* :mod:`hideseek.engine.engine` — what set-up gives, the immutable
+  :class:`~hideseek.engine.engine.Prepared`: one batch's search with the restart rule, the batch
+  loop, the result;
+* :mod:`hideseek.engine.problem` — :class:`~hideseek.engine.problem.SharpnessProblem`: the
+  validated model, batches, measure and executor;
 * :mod:`hideseek.engine.backends` — the executors behind one protocol (local, data-parallel,
   sharded; the zoo's lockstep in :mod:`hideseek.zoo`).
 

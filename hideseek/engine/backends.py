@@ -64,13 +64,21 @@ BACKENDS: dict[str, type] = {}
 
 
 def register_backend(cls: type) -> type:
-    """Register an executor under its ``name`` (a class decorator)."""
+    """Register an executor under its ``name`` (a class decorator).  An executor that is not
+    one of :func:`hideseek.distributed.parallel_mode`'s modes says when it runs a call with a
+    class method ``selects(model, distributed) -> bool`` (docs/architecture.md, "Adding an
+    executor")."""
     BACKENDS[cls.name] = cls
     return cls
 
 
 def backend_for(model: nn.Module, distributed: bool | str = "auto") -> "Backend":
-    """The executor of a call on ``model`` (:func:`hideseek.distributed.parallel_mode`)."""
+    """The executor of a call on ``model``: the last registered one whose ``selects`` takes
+    the call, else the one :func:`hideseek.distributed.parallel_mode` names."""
+    for cls in reversed(list(BACKENDS.values())):
+        selects = getattr(cls, "selects", None)
+        if selects is not None and selects(model, distributed):
+            return cls(model)
     return BACKENDS[parallel_mode(model, distributed)](model)
 
 
