@@ -38,5 +38,5 @@ from .engine.settings import KEYWORDS, LOW_MEMORY_FROM, MEASURE_KEYWORDS, TRIM_F
 from .progress import with_progress  # noqa: F401 (re-exported, its old place)
 
 __all__ = ["BatchObjective", "BatchRecord", "CORRECTION_BOUND", "KEYWORDS", "LOW_MEMORY_FROM", "MEASURE_KEYWORDS",
-           "Prepared", "SATURATION", "Settings", "SharpnessProblem", "SharpnessResult", "TRIM_FROM", "norm_share", "resolve",
-           "seeded_generator", "with_progress"]
+           "Prepared", "SATURATION", "Settings", "SharpnessProblem", "SharpnessResult", "TRIM_FROM", "norm_share",
+           "resolve", "seeded_generator", "with_progress"]

@@ -139,9 +139,10 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     In a ``torch.distributed`` process group of two or more ranks (``distributed="auto"``),
     as :func:`hideseek.sharpness` does (the members' executor's ``reduce``,
     :meth:`hideseek.engine.backends.DataParallelBackend.reduce`, the same code):
-    ``DistributedDataParallel``-wrapped or unwrapped members, their weights the same on every rank (checked), each rank passing its own batches — every rank returns,
-    per member and radius, the result over all ranks' batches, rank 0's first, equal to one
-    process measuring them all (``parallel="data"``, ``combined``, ``world_size``,
+    ``DistributedDataParallel``-wrapped or unwrapped members, their weights the same on every
+    rank (checked), each rank passing its own batches — every rank returns, per member and
+    radius, the result over all ranks' batches, rank 0's first, equal to one process
+    measuring them all (``parallel="data"``, ``combined``, ``world_size``,
     ``batches_per_rank``); every rank must make the call.  FSDP2 (``fully_shard``) members
     are refused (their stacked pass needs whole weights): call :func:`hideseek.sharpness`
     per model.  ``distributed=False``: this rank's batches alone, not combined.
