@@ -69,7 +69,7 @@ def test_attribution_patches_nothing_and_stops_its_profiler():
     from torch._C._autograd import _profiler_enabled
 
     from hideseek.geometry.space import ProductGeometry
-    core = importlib.import_module("hideseek.problem")     # the engine behind hs.sharpness
+    core = importlib.import_module("hideseek.engine.engine")     # the engine behind hs.sharpness
     inputs = importlib.import_module("hideseek.inputs")
     before = (torch.autograd.grad, core.apgd, inputs.functional_call, ProductGeometry.point,
               ProductGeometry.direction, ProductGeometry.ball, core.SharpnessProblem.run)
