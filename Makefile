@@ -22,10 +22,11 @@ setup: $(STAMP) browser
 repro: $(STAMP)
 	. $(VENV)/bin/activate && dvc repro
 
-# two pytest-xdist workers (one torch thread each: tests/conftest.py), the `slow` tests started first,
+# two pytest-xdist workers (one torch thread each: tests/conftest.py), a file's tests in one worker, the
+# files of the `slow` tests started first,
 # the 25 slowest printed; the edit loop's fast tier: python -m pytest -q -m "not slow"
 test: setup
-	. $(VENV)/bin/activate && python -m pytest -q -n 2 --dist loadgroup --durations=25
+	. $(VENV)/bin/activate && python -m pytest -q -n 2 --dist loadfile --durations=25
 
 # The site: docs/gen_site.py (a mkdocs hook) lays out build/site_src/ from docs/ and the committed
 # reports/, then mkdocs writes site/. Reads committed files only; runs no stage.

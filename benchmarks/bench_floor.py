@@ -118,19 +118,21 @@ def _measure(m: str) -> tuple[str, dict]:
 
 class LowMemoryObserver:
     """Whether ``low_memory`` switched on in a call: records the ``keep_best_grad`` that
-    hideseek's engine hands Auto-PGD (``apgd`` as bound in ``hideseek.problem``, or in
-    ``hideseek.sharpness`` for versions before the problem object), without changing it."""
+    hideseek's engine hands Auto-PGD (``apgd`` as bound in ``hideseek.engine.engine``, in
+    ``hideseek.problem`` for versions before the engine package, or in ``hideseek.sharpness``
+    for versions before the problem object), without changing it."""
 
     def __init__(self, hs) -> None:
         here = Path(hs.__file__).resolve().parent       # modules of the version measured only
-        for name in ("hideseek.problem", "hideseek.sharpness"):
+        for name in ("hideseek.engine.engine", "hideseek.problem", "hideseek.sharpness"):
             mod = sys.modules.get(name)
             if mod is not None and callable(getattr(mod, "apgd", None)) and \
                     Path(mod.__file__).resolve().is_relative_to(here):
                 self.module = mod
                 break
         else:
-            raise SystemExit(f"no apgd bound in hideseek.problem or hideseek.sharpness of {hs.__file__}")
+            raise SystemExit(f"no apgd bound in hideseek.engine.engine, hideseek.problem or hideseek.sharpness of "
+                             f"{hs.__file__}")
         self.kept: list[bool] = []
 
     def __enter__(self):

@@ -22,23 +22,22 @@ and the model (:func:`parallel_mode`):
 
 Every rank must make the call, as with any collective.  The result says what happened:
 ``parallel``, ``world_size``, ``combined``, ``batches_per_rank`` and ``collectives`` (the
-collectives hideseek called, by name).  docs/architecture.md ("Ranks") has the design and
-the collectives of each mode; :class:`hideseek.optim.SAM` uses :func:`sharded_geometry` under
-FSDP2 (docs/optim.md).
+collectives hideseek called, by name).  The executors that run a problem in each mode are
+:mod:`hideseek.engine.backends` (this module holds what they use: the group, the collectives,
+the shards); docs/architecture.md ("Ranks") has the design and the collectives of each
+mode; :class:`hideseek.optim.SAM` uses :func:`sharded_geometry` under FSDP2 (docs/optim.md).
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .inputs import SharpnessInputError, check_batch_losses, check_deterministic
+from .inputs import SharpnessInputError, check_deterministic
 from .measures import Measure
-from .progress import with_progress
 from .symmetries.base import SymmetryBlock
 
 MODES = ("auto", True, False)
@@ -417,128 +416,9 @@ class ShardedObjective:
             return self.loss({}, self.x, self.y)
 
 
-# ---------------------------------------------------------------------------- runs
-def _check_same_weights(model: nn.Module, comm: Collectives) -> None:
-    """The ranks hold the same weights (data parallel measures one model)."""
-    sums = [(n, float(p.detach().double().sum()), float(p.detach().double().square().sum()))
-            for n, p in model.named_parameters()]
-    every = comm.all_gather_object(sums)
-    for r, theirs in enumerate(every[1:], 1):
-        for (n, a, b), (_, c, d) in zip(sums if comm.rank == 0 else every[0], theirs):
-            if (a, b) != (c, d):
-                raise SharpnessInputError(
-                    f"rank {r} holds other weights than rank 0 (parameter {n!r} differs): data-parallel sharpness "
-                    "measures one model on every rank's batches. Wrap the model in DistributedDataParallel (it "
-                    "broadcasts rank 0's weights) or build it identically on every rank, or pass "
-                    "distributed=False to measure each rank's own model on its own batches")
-
-
-def _gather_or_raise(comm: Collectives, payload, error: str | None):
-    """Every rank's payload; if any rank failed, every rank raises its message (so that no
-    rank waits forever in a later collective)."""
-    every = comm.all_gather_object((payload, error))
-    bad = [(r, e) for r, (_, e) in enumerate(every) if e is not None]
-    if bad:
-        r, e = bad[0]
-        raise SharpnessInputError(f"rank {r}: {e}")
-    return [p for p, _ in every]
-
-
-def run_ranks(problem) -> Any:
-    """:meth:`SharpnessProblem.run` in a process group: data parallel or sharded (module
-    docstring); every rank returns the same :class:`~hideseek.problem.SharpnessResult`."""
-    t_start = time.perf_counter()
-    if problem.parallel == "sharded":
-        comm = problem.shards.comm
-        counts = [len(d) for d in _gather_batches(problem, comm)]
-        try:
-            problem.set_up()
-            records, solver = [], []
-            for i, (x, y) in enumerate(with_progress(problem.data, problem.measure.name,
-                                                     problem.settings.progress and comm.rank == 0)):
-                res, starts = problem.measure_batch(i, x, y)
-                check_batch_losses(i, res.f0, res.value, y)
-                records.append(problem.record(res, starts))
-                solver.append(res)
-        finally:
-            problem.shards.restore()
-        return problem.result(records, solver, seconds=time.perf_counter() - t_start, parallel="sharded",
-                              world_size=comm.world, combined=True, batches_per_rank=counts,
-                              collectives=dict(problem.shards.comm.counts))
-    solver = []
-
-    def local(offset: int) -> list[list]:
-        problem.set_up()
-        records = []
-        for i, (x, y) in enumerate(with_progress(problem.data, problem.measure.name,
-                                                 problem.settings.progress and dist_rank() == 0)):
-            res, starts = problem.measure_batch(i, x, y, index=offset + i)
-            check_batch_losses(offset + i, res.f0, res.value, y)
-            records.append(problem.record(res, starts))
-            solver.append(res)
-        return [records]
-
-    (flat,), seconds, fields = run_data_parallel([problem], local)
-    return problem.result(flat, solver, seconds=seconds, **fields)
-
-
+# ---------------------------------------------------------------------------- the rank
 def dist_rank() -> int:
     """This process's rank in the default group (0 when torch.distributed is not initialised)."""
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def run_data_parallel(problems: Sequence, measure_local: Callable[[int], list[list]]
-                      ) -> tuple[list[list], float, dict[str, Any]]:
-    """The data-parallel run (module docstring) of ``problems`` — models whose weights must
-    agree across the ranks, each measured on this rank's batches: ``hs.sharpness``'s one
-    problem, or every member of ``hs.sharpness_zoo``.  ``measure_local(offset)`` measures
-    this rank's batches, its batch ``i`` seeded as batch ``offset + i`` of the whole (the seed
-    rule), and returns a list of slots (one per result to assemble), each the
-    :class:`~hideseek.problem.BatchRecord` of every local batch in order.  Collectives: the
-    batch counts and the weights' check (``all_gather_object``), then every rank's records
-    in one ``all_gather_object`` (an error on one rank raised on every rank).  Returns each
-    slot's records over every rank's batches in rank order, the slowest rank's seconds and
-    the result's fields (``parallel``, ``world_size``, ``combined``, ``batches_per_rank``,
-    ``collectives``)."""
-    t_start = time.perf_counter()
-    comm = Collectives()
-    counts = comm.all_gather_object(len(problems[0].data))
-    for problem in problems:
-        _check_same_weights(problem.model, comm)
-    offset = sum(counts[:comm.rank])
-    slots, error = [], None
-    try:
-        slots = measure_local(offset)
-    except (SharpnessInputError, ValueError, RuntimeError) as err:
-        error = " ".join(str(err).split())
-        if comm.world == 1:
-            raise
-    every = _gather_or_raise(comm, (slots, [list(p.perturbed) for p in problems],
-                                    time.perf_counter() - t_start), error)
-    names = every[0][1]
-    for r, (_, theirs, _) in enumerate(every):
-        for mine, other in zip(names, theirs):
-            if other != mine:
-                raise SharpnessInputError(
-                    f"rank {r} perturbs other parameters than rank 0 ({len(other)} vs {len(mine)}): a parameter "
-                    "got no gradient on one rank's first batch; give every rank batches that use the same "
-                    "parameters")
-    combined = [[rec for recs, _, _ in every for rec in recs[k]] for k in range(len(every[0][0]))]
-    fields = dict(parallel="data", world_size=comm.world, combined=True, batches_per_rank=counts,
-                  collectives=dict(comm.counts))
-    return combined, max(sec for _, _, sec in every), fields
-
-
-def _gather_batches(problem, comm: Collectives) -> list[list]:
-    """Every rank's batches on every rank (sharded runs; CPU copies travel), rank 0's first;
-    ``problem.data`` becomes all of them.  Returns each rank's list."""
-    from .inputs import to_device
-
-    every = comm.all_gather_object([(to_device(x, "cpu"), to_device(y, "cpu")) for x, y in problem.data])
-    problem.data = [b for d in every for b in d]
-    if not problem.data:
-        raise SharpnessInputError("no rank brought a batch: under FSDP2 the ranks' batches are measured together, "
-                                  "and at least one rank must pass some")
-    return every

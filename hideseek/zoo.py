@@ -23,10 +23,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
-from .distributed import dist_rank, run_data_parallel
-from .inputs import SharpnessInputError, check_batch_losses, unwrap_model
+from .distributed import dist_rank
+from .engine.engine import Prepared, Restarts, batch_loop, start_points
+from .engine.problem import SharpnessProblem
+from .engine.result import BatchRecord, SharpnessResult
+from .engine.settings import resolve
+from .inputs import SharpnessInputError, unwrap_model
 from .measures import Measure
-from .problem import BatchRecord, SharpnessProblem, SharpnessResult, resolve
 from .progress import with_progress
 from .solvers.apgd import SolverResult, apgd_search
 from .utils import release_freed_memory
@@ -61,7 +64,7 @@ def _rhos(rho) -> tuple[list[float], bool]:
 class _Lockstep:
     """The searches of one chunk (member, radius, start) and their batched evaluation."""
 
-    def __init__(self, members: list[SharpnessProblem], keys: list[tuple[int, int, int]]):
+    def __init__(self, members: list[Prepared], keys: list[tuple[int, int, int]]):
         self.members, self.keys = members, keys
         self.loss = members[0].loss
         self.trim = members[0].trim
@@ -134,11 +137,12 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     ``progress`` shows a bar over each chunk's batches.
 
     In a ``torch.distributed`` process group of two or more ranks (``distributed="auto"``),
-    as :func:`hideseek.sharpness` does (:func:`hideseek.distributed.run_data_parallel`, the
-    same code): ``DistributedDataParallel``-wrapped or unwrapped members, their weights the
-    same on every rank (checked), each rank passing its own batches — every rank returns,
-    per member and radius, the result over all ranks' batches, rank 0's first, equal to one
-    process measuring them all (``parallel="data"``, ``combined``, ``world_size``,
+    as :func:`hideseek.sharpness` does (the members' executor's ``reduce``,
+    :meth:`hideseek.engine.backends.DataParallelBackend.reduce`, the same code):
+    ``DistributedDataParallel``-wrapped or unwrapped members, their weights the same on every
+    rank (checked), each rank passing its own batches — every rank returns, per member and
+    radius, the result over all ranks' batches, rank 0's first, equal to one process
+    measuring them all (``parallel="data"``, ``combined``, ``world_size``,
     ``batches_per_rank``); every rank must make the call.  FSDP2 (``fully_shard``) members
     are refused (their stacked pass needs whole weights): call :func:`hideseek.sharpness`
     per model.  ``distributed=False``: this rank's batches alone, not combined.
@@ -180,86 +184,108 @@ def sharpness_zoo(models: Sequence[nn.Module], batches: Iterable, measure: Measu
     models = _check_zoo([unwrap_model(m) for m in models])
     members = [SharpnessProblem(models[0], batches, measure, settings=settings)]
     members += [SharpnessProblem(m, members[0].data, measure, settings=settings) for m in models[1:]]
-    if any(m.parallel == "sharded" for m in members):
+    if not all(m.backend.holds_whole_weights for m in members):
         raise ValueError(f"sharpness_zoo cannot measure FSDP2 (fully_shard) models (rank {dist_rank()}): its "
                          "batched pass stacks the members' whole weights, which no rank holds; call "
                          "hs.sharpness per model on every rank, which measures FSDP2 shards")
-    show = settings.progress and dist_rank() == 0
-    chunks: list = []       # per chunk: ([member][radius] (records, solver)), seconds per member)
-
-    def local(offset: int) -> list[list[BatchRecord]]:
-        for c0 in range(0, len(members), chunk):
-            chunks.append(_chunk(members[c0:c0 + chunk], rhos, offset, show))
-        return [recs for part, _ in chunks for per_member in part for recs, _ in per_member]
-
-    if members[0].parallel == "data":     # every rank's batches, combined (hideseek.distributed)
-        slots, seconds, fields = run_data_parallel(members, local)
-        seconds /= len(members)
-    else:
-        slots, fields = local(0), {}
-        seconds = None
-    out: list = []
-    k = 0
-    for c, (part, sec) in enumerate(chunks):
-        for m, per_member in enumerate(part):
-            member = members[c * chunk + m]
-            out.append([])
-            for r, (_, solver) in enumerate(per_member):
-                out[-1].append(member.result(slots[k], solver, rho=rhos[r], seconds=sec if seconds is None
-                                             else seconds, **fields))
-                k += 1
-    return out if many else [r[0] for r in out]
+    return LockstepBackend(members, rhos, chunk).run(many)
 
 
-def _chunk(members: list[SharpnessProblem], rhos: list[float], offset: int = 0, progress: bool = True
-           ) -> tuple[list[list[tuple[list[BatchRecord], list[SolverResult]]]], float]:
-    """The chunk's searches on this process's batches, batch ``i`` seeded as ``offset + i``:
-    per member and radius, every batch's record and its best solver result, and the seconds
-    per member."""
-    t0 = time.perf_counter()
-    for member in members:
-        member.set_up()
-    settings = members[0].settings
-    keys = [(m, r, j) for m in range(len(members)) for r in range(len(rhos)) for j in range(settings.restarts)]
-    batch = _Lockstep(members, keys)
-    # per (member, radius): the best solver result and every start's value, per batch
-    best: dict[tuple[int, int], list[SolverResult]] = {(m, r): [] for m in range(len(members))
-                                                       for r in range(len(rhos))}
-    values: dict[tuple[int, int], list[list[float]]] = {k: [] for k in best}
-    data = members[0].data
-    for i, (x, y) in enumerate(with_progress(data, f"zoo {members[0].measure.name}", progress)):
-        x, y = members[0].batch(i)
-        # batch 0: the set-up pass is every radius's start at zero (shared, so not overwritten)
-        first = [member.take_start() if i == 0 else None for member in members]
-        searches = []
-        for m, r, j in keys:
-            member = members[m]
-            gen = member.generator(offset + i)
-            x0 = None
-            for _ in range(j):    # start j is the j-th draw of the batch's generator
-                x0 = member.random_point(rhos[r], gen)
-            # a random start's value is first taken against 0 and corrected below
-            searches.append(apgd_search(member.geometry, rhos[r], settings.n_iters, x0=x0, f0=0.0 if j else None,
-                                        start=first[m] if j == 0 else None,
-                                        keep_best_grad=member.keep_best_grad))
-            del x0
-        del first
-        results = _run_lockstep(searches, batch, x, y)
-        for (m, r, j), res in zip(keys, results):
-            if j == 0:
-                base = res.f0
-                values[m, r].append([])
-                best[m, r].append(res)
-            else:   # against L(θ) of the start at zero: best − base, as hs.sharpness computes it
-                res.value, res.f0 = res.value - base, base
-                if res.value > best[m, r][-1].value:
-                    best[m, r][-1] = res
-            values[m, r][-1].append(res.value)
-        for res in (best[k][-1] for k in best):
-            check_batch_losses(offset + i, res.f0, res.value, data[i][1])
-    seconds = (time.perf_counter() - t0) / len(members)
-    return [[([member.record(res, v) for res, v in zip(best[m, r], values[m, r])], best[m, r])
-             for r in range(len(rhos))] for m, member in enumerate(members)], seconds
+class LockstepBackend:
+    """The zoo's executor, the protocol of :mod:`hideseek.engine.backends` over many problems
+    (member × radius × start) at once: ``set_up`` prepares every member of a chunk (the same
+    set-up as one call's), ``evaluate`` is the batched pass of every search's point
+    (:class:`_Lockstep`), ``reduce`` is the members' own executor's (this process's batches,
+    or every rank's combined: :meth:`hideseek.engine.backends.DataParallelBackend.reduce`), and
+    ``run`` drives the searches through the one batch loop
+    (:func:`hideseek.engine.engine.batch_loop`) and the one restart rule
+    (:func:`~hideseek.engine.engine.start_points`, :class:`~hideseek.engine.engine.Restarts`)."""
+
+    name = "lockstep"
+
+    def __init__(self, members: list[SharpnessProblem], rhos: list[float], chunk: int) -> None:
+        self.members, self.rhos, self.chunk = members, rhos, chunk
+        self.inner = members[0].backend
+
+    def set_up(self, members: Sequence[SharpnessProblem]) -> list[Prepared]:
+        return [member.prepare() for member in members]
+
+    def evaluate(self, prepared: list[Prepared], keys: list[tuple[int, int, int]]) -> "_Lockstep":
+        return _Lockstep(prepared, keys)
+
+    def reduce(self, problems, measure_local):
+        return self.inner.reduce(problems, measure_local)
+
+    def run(self, many: bool) -> list[SharpnessResult] | list[list[SharpnessResult]]:
+        members, chunk, rhos = self.members, self.chunk, self.rhos
+        show = members[0].settings.progress and dist_rank() == 0
+        chunks: list = []       # per chunk: ([member][radius] (records, solver)), seconds per member)
+
+        def local(offset: int) -> tuple[list[list[BatchRecord]], list[list[str]]]:
+            for c0 in range(0, len(members), chunk):
+                chunks.append(self.measure_chunk(members[c0:c0 + chunk], offset, show))
+            slots = [recs for part, _ in chunks for per_member in part for recs, _ in per_member]
+            return slots, [list(m.prepared.perturbed) for m in members]
+
+        slots, seconds, fields = self.reduce(members, local)
+        if seconds is not None:
+            seconds /= len(members)
+        out: list = []
+        k = 0
+        for c, (part, sec) in enumerate(chunks):
+            for m, per_member in enumerate(part):
+                member = members[c * chunk + m].prepared
+                out.append([])
+                for r, (_, solver) in enumerate(per_member):
+                    out[-1].append(member.result(slots[k], solver, rho=rhos[r], seconds=sec if seconds is None
+                                                 else seconds, **fields))
+                    k += 1
+        return out if many else [r[0] for r in out]
+
+    def measure_chunk(self, members: list[SharpnessProblem], offset: int = 0, progress: bool = True
+                      ) -> tuple[list[list[tuple[list[BatchRecord], list[SolverResult]]]], float]:
+        """The chunk's searches on this process's batches, batch ``i`` seeded as ``offset + i``:
+        per member and radius, every batch's record and its best solver result, and the seconds
+        per member."""
+        t0 = time.perf_counter()
+        rhos = self.rhos
+        prepared = self.set_up(members)
+        settings = members[0].settings
+        keys = [(m, r, j) for m in range(len(members)) for r in range(len(rhos)) for j in range(settings.restarts)]
+        batch = self.evaluate(prepared, keys)
+
+        def search(i: int, index: int, x, y):
+            x, y = prepared[0].batch(i)
+            # batch 0: the set-up pass is every radius's start at zero (shared, so not overwritten)
+            first = [p.start.take(p.geometry, p.trim) if i == 0 else None for p in prepared]
+            searches = []
+            for m, r, j in keys:
+                p = prepared[m]
+                # start j is the j-th point of the restart rule (the batch's generator drawn afresh)
+                for x0 in start_points(p.geometry, rhos[r], p.generator(index), j + 1):
+                    pass
+                # a random start's value is first taken against 0 and corrected below
+                searches.append(apgd_search(p.geometry, rhos[r], settings.n_iters, x0=x0, f0=0.0 if j else None,
+                                            start=first[m] if j == 0 else None, keep_best_grad=p.keep_best_grad))
+                del x0
+            del first
+            results = _run_lockstep(searches, batch, x, y)
+            best = {}
+            for (m, r, j), res in zip(keys, results):
+                if j == 0:
+                    base = res.f0
+                    best[m, r] = Restarts()
+                else:   # against L(θ) of the start at zero: best − base, as hs.sharpness computes it
+                    Restarts.against(res, base)
+                best[m, r].add(res)
+            for (m, r), rule in best.items():
+                yield (m, r), prepared[m], rule.best, rule.values
+
+        data = prepared[0].data
+        out = batch_loop(data, search, offset=offset,
+                         batches=lambda d: with_progress(d, f"zoo {members[0].measure.name}", progress))
+        seconds = (time.perf_counter() - t0) / len(members)
+        return [[out[m, r] for r in range(len(rhos))] for m in range(len(members))], seconds
 
 
 def _run_lockstep(searches: list, batch: _Lockstep, x, y) -> list[SolverResult]:

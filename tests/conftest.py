@@ -25,8 +25,9 @@ from tests.models import MHAClassifier, bert_batch, tiny_bert  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     """The ``slow`` tests first (a stable sort, the same order in every xdist worker): under
-    ``-n 2 --dist worksteal`` the long ones then start at once and the short ones fill in
-    around them, instead of one long test finishing the run alone."""
+    ``make test``'s ``-n 2 --dist loadfile`` the files holding the long tests are handed out
+    first and the short ones fill in around them, instead of one long file finishing the run
+    alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -44,6 +44,7 @@ LANDING = {"library": "", "companion": "companion/"}
 def build_site(dest: Path) -> Path:
     """``mkdocs build`` into ``dest`` (the same configuration as ``make docs``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
+    (ROOT / "build" / "site_src").mkdir(parents=True, exist_ok=True)   # mkdocs checks docs_dir before the hook fills it
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(dest)],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, f"mkdocs build failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"

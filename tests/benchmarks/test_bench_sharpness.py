@@ -69,15 +69,16 @@ def test_attribution_patches_nothing_and_stops_its_profiler():
     from torch._C._autograd import _profiler_enabled
 
     from hideseek.geometry.space import ProductGeometry
-    core = importlib.import_module("hideseek.problem")     # the engine behind hs.sharpness
+    core = importlib.import_module("hideseek.engine.engine")     # the engine behind hs.sharpness
+    problem = importlib.import_module("hideseek.engine.problem").SharpnessProblem
     inputs = importlib.import_module("hideseek.inputs")
     before = (torch.autograd.grad, core.apgd, inputs.functional_call, ProductGeometry.point,
-              ProductGeometry.direction, ProductGeometry.ball, core.SharpnessProblem.run)
+              ProductGeometry.direction, ProductGeometry.ball, problem.run)
     with pytest.raises(RuntimeError, match="boom"):
         with bench.Attribution(torch.device("cpu")):
             assert _profiler_enabled()
             inside = (torch.autograd.grad, core.apgd, inputs.functional_call, ProductGeometry.point,
-                      ProductGeometry.direction, ProductGeometry.ball, core.SharpnessProblem.run)
+                      ProductGeometry.direction, ProductGeometry.ball, problem.run)
             raise RuntimeError("boom")
     assert not _profiler_enabled()
     assert all(a is b for a, b in zip(before, inside))

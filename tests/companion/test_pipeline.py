@@ -120,6 +120,7 @@ plt.plot([0, 1]); plt.savefig(Path(out_dir) / "figures" / "a.pdf")
 """
 
 
+@pytest.mark.slow
 def test_published_notebook_holds_no_wall_clock_and_timings_go_to_git_only(tmp_path, capfd):
     root = make_repo(tmp_path)
     nb = nbformat.read(root / "notebooks" / "demo.ipynb", as_version=4)
@@ -190,6 +191,7 @@ def test_committed_headlines_match_committed_full_metrics():
         assert json.loads(p.read_text())["tau"] == first["tau"]
 
 
+@pytest.mark.slow
 def test_run_publishes_a_headline_for_a_table1_stage(tmp_path):
     root = make_repo(tmp_path)
     nb = nbformat.read(root / "notebooks" / "demo.ipynb", as_version=4)

@@ -1,28 +1,30 @@
 """Sharpness and SAM on two gloo ranks (issue 25, item 2): DDP and FSDP2 equal one process.
 
-Each test spawns two processes on 127.0.0.1 (``benchmarks.bench_distributed.spawn``: a free
+The tests spawn two processes on 127.0.0.1 (``benchmarks.bench_distributed.spawn``: a free
 port, killed after a bounded time); each rank brings *its own* batches (rank 0 one, rank 1
 three: the counts differ on purpose) and the reference is one process measuring all four
 (or, for SAM, training on the concatenated batch), computed here, in the test's process.
 Tiny Hugging Face BERT (``tests/models.py``), float64 unless said.
 
 The four paths (DDP, the zoo under DDP, FSDP2, SAM under both) run in *one* pair of spawned
-ranks (:func:`ranks`, once per module: starting two processes that import torch and
+ranks (:func:`ranks`, once per test process: starting two processes that import torch and
 transformers is most of the cost), each rank returning every path's results; each test then
 checks its own path against its one-process reference.
 """
+import functools
 import warnings
 
 import pytest
 
-#: two spawned gloo ranks, once for the module: under pytest-xdist (``--dist loadgroup``) every test
-#: of the module runs in the same worker, so the ranks are spawned once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
 import torch
 
 import hideseek as hs
 from benchmarks.bench_distributed import spawn
 from tests.models import bert_batch, tiny_bert
+
+#: two spawned gloo ranks, once per test process: under ``make test`` (pytest-xdist, ``--dist loadfile``)
+#: every test of this file runs in the same worker, so the ranks are spawned once
+pytestmark = pytest.mark.slow
 
 #: seconds after which the ranks are killed: a bound against a hang, not the expected time — on
 #: an idle 2-core machine each test's ranks finish in well under a minute (most of it importing
@@ -81,10 +83,16 @@ def _all_worker(rank, world):
             "fsdp": _fsdp_worker(rank, world), "sam": _sam_worker(rank, world)}
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    """The two ranks' results of every path (one spawn for the module)."""
+@functools.lru_cache(maxsize=1)
+def _spawned():
     return spawn(_all_worker, 2, timeout=TIMEOUT)
+
+
+@pytest.fixture
+def ranks():
+    """The two ranks' results of every path: spawned once per test process (cached, not a
+    module fixture, which pytest may tear down and set up again between the module's tests)."""
+    return _spawned()
 
 
 # ---------------------------------------------------------------------------- data parallel

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import hideseek as hs
-import hideseek.problem as sh
+import hideseek.engine.engine as sh
+import hideseek.engine.settings as thresholds
 from hideseek import embedding_rows as er
 from tests.models import bert_batch, tiny_bert
 
@@ -119,7 +120,7 @@ def test_low_memory_default_counts_what_the_search_holds(model, monkeypatch):
         return real(*a, **kw)
     monkeypatch.setattr(sh, "apgd", spy)
     n = sum(p.numel() for p in model.parameters())
-    monkeypatch.setattr(sh, "LOW_MEMORY_FROM", n - 100)     # all weights: over; the searched rows: under
+    monkeypatch.setattr(thresholds, "LOW_MEMORY_FROM", n - 100)     # all weights: over; the searched rows: under
     _run(model, "adaptive", False, monkeypatch)
     _run(model, "adaptive", True, monkeypatch)
     assert kept == [False, False, True, True]

@@ -111,7 +111,7 @@ def test_low_memory_changes_no_value(kw):
 def test_low_memory_none_chooses_by_model_size(monkeypatch):
     """``low_memory=None`` is ``True`` from LOW_MEMORY_FROM perturbed elements on (the extra
     gradient passes appear), ``False`` below (none); the values are the same either way."""
-    sh = importlib.import_module("hideseek.problem")   # the engine holds the thresholds
+    sh = importlib.import_module("hideseek.engine.settings")   # the engine's thresholds
 
     model = tiny_bert(seed=2)
     batches = [bert_batch(seed=s) for s in range(2)]
@@ -139,10 +139,12 @@ def test_low_memory_refuses_other_values():
 
 def test_heap_trimmed_only_from_trim_from(monkeypatch):
     """Each CPU pass hands freed heap memory back only for models from TRIM_FROM elements."""
-    sh = importlib.import_module("hideseek.problem")   # the engine holds the thresholds
+    sh = importlib.import_module("hideseek.engine.settings")   # the engine's thresholds
 
     calls = []
-    monkeypatch.setattr(sh, "release_freed_memory", lambda: calls.append(1) or True)
+    # the set-up's start and each pass hand memory back in the engine's loss module
+    monkeypatch.setattr(importlib.import_module("hideseek.engine.loss"), "release_freed_memory",
+                        lambda: calls.append(1) or True)
     model = tiny_bert(seed=2)
     n = sum(p.numel() for p in model.parameters())
     kw = dict(rho=0.1, n_iters=3, progress=False, measure="adaptive")
