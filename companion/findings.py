@@ -205,6 +205,28 @@ def sentence(theirs: dict[str, str], ours: dict[str, str], metrics_dir: Path) ->
     return f"* **{name}** ({ours['n_models']} models): {shows}. Caveat: {caveat(theirs, ours, metrics_dir)}."
 
 
+def stale_measurements(root: str | Path = REPO_ROOT) -> list[str]:
+    """Sentences naming each stage whose committed results were measured on another zoo than the one its training
+    stage now records in ``dvc.lock`` (the zoo was re-trained, the measuring stage not yet re-run)."""
+    import yaml
+
+    lock_path = Path(root) / "dvc.lock"
+    if not lock_path.exists():
+        return []
+    stages = (yaml.safe_load(lock_path.read_text()) or {}).get("stages", {})
+    made = {o["path"]: (name, o.get("md5")) for name, st in stages.items() for o in st.get("outs", [])
+            if str(o.get("path", "")).startswith("data/zoos/")}
+    out = []
+    for name, st in stages.items():
+        for d in st.get("deps", []):
+            producer = made.get(d.get("path"))
+            if producer and producer[1] != d.get("md5"):
+                out.append(f"* **Not current:** stage `{name}`'s committed results were measured on an earlier "
+                           f"`{d['path']}` than the one stage `{producer[0]}` now trains; `dvc repro {name}` "
+                           f"re-measures it (and the stages that read it).")
+    return sorted(set(out))
+
+
 def block(table_csv: str | Path = "reports/table1.csv", metrics_dir: str | Path = "reports/metrics",
           root: str | Path = REPO_ROOT) -> str:
     """The README's findings block (markers included); ``root``: the checkout whose figures the map looks for."""
@@ -218,6 +240,7 @@ def block(table_csv: str | Path = "reports/table1.csv", metrics_dir: str | Path 
              "ours:", "",
              *table(pairs), ""]
     lines += [sentence(theirs, ours, Path(metrics_dir)) for theirs, ours in pairs]
+    lines += stale_measurements(root)
     lines += ["", "Where each of the paper's figures is rebuilt:", "", *figure_map(root)]
     lines += ["", "More in `reports/`: " + "; ".join(f"{what} (`{path}`)" for what, path in LINKS) + ".", "", END]
     return "\n".join(lines)
