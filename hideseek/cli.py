@@ -296,7 +296,7 @@ choosing rho:
   rho is not comparable across measures: adaptive l2 bounds the relative changes of all
   weights in squares (rms relative change rho/sqrt(d)), the invariant metric is scale-free
   in the same way per pair, the mixed metric scales with the weights' norms. --rho auto
-  picks rho by --rho-rule on the first batch (hideseek.suggest_rho; README: Choosing rho).
+  picks rho by --rho-rule on the first batch (hideseek.suggest_rho; docs/getting-started.md: Choosing ρ).
 """
 
 
