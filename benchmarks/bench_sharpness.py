@@ -628,6 +628,18 @@ def tasks_from_args(args) -> list[Task]:
     return tasks
 
 
+def _check_models_build(names: list[str]) -> None:
+    """Fail before any measurement, in one line, when a model's package is missing (a GPU image
+    without open_clip once lost a whole run's results at its second model)."""
+    from .models import build
+    for name in names:
+        try:
+            build(name)
+        except ModuleNotFoundError as err:
+            raise SystemExit(f"bench_sharpness: model {name!r} needs the package {err.name!r}, which is not "
+                             f"installed here: install it, or leave {name} out of --models") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
@@ -638,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     info = machine_info(device)
     info["load_avg_start"] = os.getloadavg()
+    _check_models_build(sorted({t.model for t in tasks}))
     runner: Callable[[Task], Result] = run_task if args.in_process else run_fresh
     results: list[Result] = []
     for task in (bar := tqdm(tasks, desc="benchmark", unit="measure")):

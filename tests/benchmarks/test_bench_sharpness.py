@@ -144,3 +144,15 @@ def test_run_task_under_autocast(measure):
     if measure != "floor":
         assert r.value == pytest.approx(full.value, rel=0.1) and r.value != full.value
     assert "bfloat16" in bench.results_table([r])
+
+
+def test_a_model_whose_package_is_missing_stops_the_run_before_any_measurement(monkeypatch, tmp_path):
+    """An image without open_clip must fail in one line at the start, not after the first model's results."""
+    import sys
+    monkeypatch.setitem(sys.modules, "open_clip", None)       # import open_clip -> ModuleNotFoundError
+    ran = []
+    monkeypatch.setattr(bench, "run_task", lambda task: ran.append(task))
+    with pytest.raises(SystemExit, match="'vit-b32' needs the package 'open_clip'"):
+        bench.main(["--models", "tiny-bert,vit-b32", "--measures", "floor", "--in-process", "--projection", "no",
+                    "--device", "cpu", "--json", str(tmp_path / "r.json")])
+    assert ran == [] and not (tmp_path / "r.json").exists()

@@ -41,12 +41,22 @@ def test_zoo_equals_separate_calls_on_cuda():
 def test_bfloat16_autocast_on_cuda(kw):
     model = build("small-bert").to(CUDA)
     batches = [_to(b) for b in make_batches(MODELS["small-bert"], 32, 2, seq_len=32)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         full = hs.sharpness(model, batches, rho=0.1, n_iters=10, progress=False, **kw)
         amp = hs.sharpness(model, batches, rho=0.1, n_iters=10, progress=False, autocast="bfloat16", **kw)
     assert amp.config["autocast"] == "bfloat16"
-    assert amp.value == pytest.approx(full.value, rel=0.15)
+    assert amp.resolution is not None and amp.resolution > 0
+    # The contract (README, "bf16 bases"): a bfloat16 value is either within tolerance of full precision
+    # or flagged below the forward pass's resolution, with a warning naming it -- never a silent quantised
+    # number. On an H200 the adaptive value (about 8e-4) lies below bf16's resolution (about 2e-3) and is
+    # flagged; the mixed geodesic value (about 3e-2) is above it and within 2 % (benchmarks/results/h200_logs).
+    if amp.below_resolution:
+        assert abs(amp.value) < amp.resolution
+        assert any("below the resolution" in str(w.message) for w in caught)
+    else:
+        assert abs(amp.value) >= amp.resolution
+        assert amp.value == pytest.approx(full.value, rel=0.15)
     assert all(t.dtype == torch.float32 for t in amp.solver[0].best)
 
 
