@@ -35,7 +35,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -582,24 +581,12 @@ def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *, 
                sources: Mapping[str, Any] | None = None) -> AblationReport:
     """Measure and write every output of the stage (module docstring). ``sources``: per row (and ``"language"``) a
     zoo source to use instead of the zoo folder (tests)."""
-    from companion import kernels
     from companion import metrics as cm
 
     s = load_settings(params)
-    kernels.check(s.cpu_kernels, "ablations")   # the stage's command pins them (python -m companion.kernels ...)
-    out = Path(out_dir)
-    for sub in ("figures", "metrics", "data"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    results: dict[str, RowResult] = {}
-    seconds: dict[str, float] = {}
-    t_all = time.perf_counter()
-    for name, spec in s.rows.items():
-        if spec.zoo is None:
-            continue
-        t0 = time.perf_counter()
-        results[name] = measure_row(name, spec, s, progress=progress, source=(sources or {}).get(name))
-        seconds[name] = time.perf_counter() - t0
-        print(f"ablations: {name}: {len(results[name].members)} members in {seconds[name]:.0f} s", file=sys.stderr)
+    out, results, seconds, t_all = gl.start_report(
+        STAGE, s, out_dir, lambda name, spec: measure_row(name, spec, s, progress=progress,
+                                                          source=(sources or {}).get(name)))
     lang = None
     if s.language is not None and s.language.zoo is not None:
         t0 = time.perf_counter()

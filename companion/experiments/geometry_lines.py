@@ -794,6 +794,32 @@ def finding_lines(lines: pd.DataFrame, results: Mapping[str, RowResult], s: Sett
     return out
 
 
+def start_report(stage: str, s: Any, out_dir: str | Path,
+                 measure: Callable[[str, Any], Any]) -> tuple[Path, dict[str, Any], dict[str, float], float]:
+    """The common start of a stage's ``run_report`` (this stage's and ``ablations``'): check the pinned CPU kernels
+    (``s.cpu_kernels``; the stage's command pins them, python -m companion.kernels ...), make ``out_dir``'s
+    figures/metrics/data folders, and measure each row of ``s.rows`` that has a zoo with ``measure(name, spec)``,
+    timing it and reporting its member count on stderr. Returns the output folder, the rows' results, their seconds
+    and the start time of the whole report (``time.perf_counter``)."""
+    from companion import kernels
+
+    kernels.check(s.cpu_kernels, stage)
+    out = Path(out_dir)
+    for sub in ("figures", "metrics", "data"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    t_all = time.perf_counter()
+    for name, spec in s.rows.items():
+        if spec.zoo is None:
+            continue
+        t0 = time.perf_counter()
+        results[name] = measure(name, spec)
+        seconds[name] = time.perf_counter() - t0
+        print(f"{stage}: {name}: {len(results[name].members)} members in {seconds[name]:.0f} s", file=sys.stderr)
+    return out, results, seconds, t_all
+
+
 def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *, progress: bool = True,
                metrics_dir: str | Path = "reports/metrics", data_dir: str | Path = "reports/data",
                sources: Mapping[str, Any] | None = None, names: Mapping[str, Sequence[str]] | None = None) -> GeometryReport:
@@ -801,24 +827,11 @@ def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *, 
     source and member names to use instead of the row's zoo (tests)."""
     from companion import metrics as cm
 
-    from companion import kernels
-
     s = load_settings(params)
-    kernels.check(s.cpu_kernels, "geometry_lines")   # the stage's command pins them (python -m companion.kernels ...)
-    out = Path(out_dir)
-    for sub in ("figures", "metrics", "data"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    results: dict[str, RowResult] = {}
-    seconds: dict[str, float] = {}
-    t_all = time.perf_counter()
-    for name, spec in s.rows.items():
-        if spec.zoo is None:
-            continue
-        t0 = time.perf_counter()
-        results[name] = measure_row(name, spec, s, metrics_dir=metrics_dir, data_dir=data_dir, progress=progress,
-                                    source=(sources or {}).get(name), names=(names or {}).get(name))
-        seconds[name] = time.perf_counter() - t0
-        print(f"geometry_lines: {name}: {len(results[name].members)} members in {seconds[name]:.0f} s", file=sys.stderr)
+    out, results, seconds, t_all = start_report(
+        STAGE, s, out_dir, lambda name, spec: measure_row(
+            name, spec, s, metrics_dir=metrics_dir, data_dir=data_dir, progress=progress,
+            source=(sources or {}).get(name), names=(names or {}).get(name)))
     if s.diagonal is not None and s.diagonal.compute:
         t0 = time.perf_counter()
         results["diagonal"] = diagonal_row(s.diagonal, s, metrics_dir=metrics_dir, data_dir=data_dir,
@@ -859,4 +872,4 @@ def findings(rep: GeometryReport) -> str:
 
 __all__ = ["GeometryReport", "Settings", "analyse_row", "diagonal_row", "diagonal_traces", "findings", "line_stats",
            "load_settings", "measure_member", "measure_members", "measure_row", "read_protocol", "read_published",
-           "run_report", "table1_lines"]
+           "run_report", "start_report", "table1_lines"]

@@ -40,6 +40,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 STAGE = "minilm_power"
 OUT = Path("reports/pilots")
@@ -239,6 +240,18 @@ def render_markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+def write_pilot_report(out: Path, name: str, report: dict, render: Callable[[dict], str], *,
+                       json_too: bool = True) -> None:
+    """Write a pilot's report ``report`` to ``out``: ``<name>.json`` (unless not ``json_too``: a report read back from
+    it, only re-rendered) and its markdown ``render(report)`` to ``<name>.md``, which is also printed. The pilots'
+    common report shape (this one and :mod:`.vision_minima_pilot`)."""
+    if json_too:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{name}.md").write_text(render(report))
+    print(render(report))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m companion.experiments.minilm_power", description=__doc__.split("\n")[0])
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -253,14 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as exc:
         ap.error(str(exc))
     out = Path(args.out)
-    if args.render_only:
-        r = json.loads((out / f"{p.report}.json").read_text())
-    else:
-        r = plan(p, progress=args.progress)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{p.report}.json").write_text(json.dumps(r, indent=1))
-    (out / f"{p.report}.md").write_text(render_markdown(r))
-    print(render_markdown(r))
+    r = json.loads((out / f"{p.report}.json").read_text()) if args.render_only else plan(p, progress=args.progress)
+    write_pilot_report(out, p.report, r, render_markdown, json_too=not args.render_only)
     return 0
 
 

@@ -191,19 +191,16 @@ def _line_cell(e: dict[str, Any], m: str) -> str:
     return out
 
 
-def geometry_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """``table1.md``'s table of the geometry lines with their Δτ against adaptive (exploratory)."""
+def _lines_section(lines_by_row: dict[str, list[dict[str, Any]]], title: str, text: str, delta_title: str, *,
+                   power: bool) -> list[str]:
+    """A ``table1.md`` section (heading ``title``, paragraph ``text``) with one table row per line of
+    ``lines_by_row`` in the paper's row order: its τ cells and its Δ cells (columns ``delta_title`` + the measure's
+    title; with the power at the paper's Δ where ``power`` and the line has one). Empty without lines."""
     if not lines_by_row:
         return []
-    out = ["", "## Geometry lines (exploratory, stage geometry_lines)", "",
-           "Pre-registered in `reports/preregistration/geometry_lines.md` before their values; the primary tests "
-           "are unchanged. Exact geodesic: the integrated geodesic (`Measure(step=\"exact\")`) at the rows' "
-           "pre-registered radii. Hessian trace: the Riemannian trace (invariant / mixed metric) in the geodesic "
-           "columns, the Euclidean trace in the adaptive column. Δ = sign(paper's τ) · (τ line − τ adaptive "
-           "sharpness), paired over the same members; power at the paper's Δ for the exact lines only (the paper "
-           "has no Hessian-trace τ).", "",
+    out = ["", title, "", text, "",
            "| setting | line | models | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " | "
-           + " | ".join(f"Δ {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
+           + " | ".join(f"{delta_title}{MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
            "|---|---|---|" + "---|" * (len(MEASURES) + len(GEODESIC))]
     for row in PAPER_ROWS:
         for e in lines_by_row.get(row["row"], []):
@@ -213,38 +210,38 @@ def geometry_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]
                 if d is None or d["delta"][g] in ("", None):
                     deltas.append("–")
                     continue
-                lo, hi = d["ci"][g]
-                pw = d["power"][g]
-                deltas.append(f"{_fmt(d['delta'][g])} [{_fmt(lo)}, {_fmt(hi)}]"
+                ci = d["ci"][g]
+                pw = d["power"][g] if power else None
+                deltas.append(f"{_fmt(d['delta'][g])} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
                               + (f" · power {pw:.2f}" if isinstance(pw, float) and not math.isnan(pw) else ""))
             out.append(f"| {e.get('setting') or row['ours']} | {e['variant']} | {e.get('n_models', '–')} | "
                        + " | ".join(_line_cell(e, m) for m in MEASURES) + " | " + " | ".join(deltas) + " |")
     return out
 
 
+def geometry_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """``table1.md``'s table of the geometry lines with their Δτ against adaptive (exploratory)."""
+    return _lines_section(
+        lines_by_row, "## Geometry lines (exploratory, stage geometry_lines)",
+        "Pre-registered in `reports/preregistration/geometry_lines.md` before their values; the primary tests "
+        "are unchanged. Exact geodesic: the integrated geodesic (`Measure(step=\"exact\")`) at the rows' "
+        "pre-registered radii. Hessian trace: the Riemannian trace (invariant / mixed metric) in the geodesic "
+        "columns, the Euclidean trace in the adaptive column. Δ = sign(paper's τ) · (τ line − τ adaptive "
+        "sharpness), paired over the same members; power at the paper's Δ for the exact lines only (the paper "
+        "has no Hessian-trace τ).", "Δ ", power=True)
+
+
 def ablation_section(lines_by_row: dict[str, list[dict[str, Any]]]) -> list[str]:
     """``table1.md``'s table of the ablation lines (exploratory) with their Δτ against the full measure."""
-    if not lines_by_row:
-        return []
-    out = ["", "## Ablations (exploratory, stage ablations)", "",
-           "The paper's Appendix G and H.2 on the rows' zoos, pre-registered in `reports/preregistration/ablations.md` "
-           "before their values: each metric with its Christoffel term turned off (metric norm, straight step) or its "
-           "metric norm turned off (second-order step in the adaptive ball), and the ε relaxation of the invariant "
-           "metric, on a declared subset of each row's batches. τ in the column of the line's metric; Δ = "
-           "sign(paper's τ) · (τ line − τ full measure) against the full measure of the same metric, paired over the "
-           "same members and batches (Δ < 0: the ablated measure tracks the gap less well) — these Δ are not against "
-           "adaptive sharpness.", "",
-           "| setting | line | models | " + " | ".join(MEASURE_TITLES[m] for m in MEASURES) + " | "
-           + " | ".join(f"Δ vs full, {MEASURE_TITLES[g]}" for g in GEODESIC) + " |",
-           "|---|---|---|" + "---|" * (len(MEASURES) + len(GEODESIC))]
-    for row in PAPER_ROWS:
-        for e in lines_by_row.get(row["row"], []):
-            d = _line_delta(e)
-            deltas = ["–" if d is None or d["delta"][g] in ("", None) else
-                      f"{_fmt(d['delta'][g])} [{_fmt(d['ci'][g][0])}, {_fmt(d['ci'][g][1])}]" for g in GEODESIC]
-            out.append(f"| {e.get('setting') or row['ours']} | {e['variant']} | {e.get('n_models', '–')} | "
-                       + " | ".join(_line_cell(e, m) for m in MEASURES) + " | " + " | ".join(deltas) + " |")
-    return out
+    return _lines_section(
+        lines_by_row, "## Ablations (exploratory, stage ablations)",
+        "The paper's Appendix G and H.2 on the rows' zoos, pre-registered in `reports/preregistration/ablations.md` "
+        "before their values: each metric with its Christoffel term turned off (metric norm, straight step) or its "
+        "metric norm turned off (second-order step in the adaptive ball), and the ε relaxation of the invariant "
+        "metric, on a declared subset of each row's batches. τ in the column of the line's metric; Δ = "
+        "sign(paper's τ) · (τ line − τ full measure) against the full measure of the same metric, paired over the "
+        "same members and batches (Δ < 0: the ablated measure tracks the gap less well) — these Δ are not against "
+        "adaptive sharpness.", "Δ vs full, ", power=False)
 
 
 def paper_delta(deltas: dict[str, dict[str, Any]], row: str, g: str) -> float | None:

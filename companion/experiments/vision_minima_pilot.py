@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from companion import kernels
     from companion.experiments import vision_zoo as vz
+    from companion.experiments.minilm_power import write_pilot_report
 
     try:
         p = settings(MinimaPilot, STAGE, "cpu", args.overrides)
@@ -412,14 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.calibrate:
             report["calibration"] = calibration(report, vz.load_settings(p.profile, p.base_overrides),
                                                 json.loads(Path(p.stage_timings).read_text()))
-            (out / f"{p.report}.json").write_text(json.dumps(report, indent=1))
     else:
         set_threads(1)
         report = run(p, progress=not args.no_progress)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{p.report}.json").write_text(json.dumps(report, indent=1))
-    (out / f"{p.report}.md").write_text(render_markdown(report))
-    print(render_markdown(report))
+    write_pilot_report(out, p.report, report, render_markdown, json_too=args.calibrate or not args.render_only)
     return 0
 
 

@@ -30,3 +30,16 @@ def save_standin(d: str | Path, *, layers: int = 3, hidden: int = 16, heads: int
     BertModel(BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                          intermediate_size=2 * hidden, max_position_embeddings=64)).save_pretrained(d)
     return d
+
+
+def standin_zoo(tmp_path: Path, monkeypatch, *, n_models: int = 6) -> Path:
+    """A zoo of ``n_models`` fine-tunes of :data:`TINY_SPEC` on the stand-in (saved in ``tmp_path/base``) in
+    ``tmp_path/zoo``; ``"minilm"`` resolves to the stand-in (HIDESEEK_MINILM_DIR, which a notebook's kernel inherits)."""
+    from companion.experiments import minilm_zoo as mz
+
+    base = save_standin(tmp_path / "base")
+    monkeypatch.setenv("HIDESEEK_MINILM_DIR", str(base))
+    spec = {**TINY_SPEC, "base": "minilm", "finetune": {**TINY_SPEC["finetune"], "n_models": n_models}}
+    zoo = tmp_path / "zoo"
+    mz.train_zoo(mz.MiniLMSpec.from_dict(spec), zoo, progress=False)
+    return zoo

@@ -2,7 +2,6 @@
 paper's Appendix G describes, at the radius the pre-registration gives it), the full and adaptive values are the
 published ones (checked by re-running, a wrong table is refused), τ and Δτ are scipy's on the same members,
 refusals are counted, and Table 1 shows one exploratory line per ablation (or "not computed" before the stage ran)."""
-import functools
 import json
 import math
 
@@ -16,14 +15,12 @@ import hideseek as hs
 from companion import paper
 from companion.experiments import ablations as ab
 from companion.experiments import table1
-from tests.models import bert_batch, tiny_bert
+from tests.companion.experiments.tiny_zoo import TinySource as _TinySource
+from tests.companion.experiments.tiny_zoo import batches as _batches
+from tests.models import tiny_bert
 
 RHO = {"adaptive": 0.1, "geodesic_invariant": 0.05, "geodesic_mixed": 0.01}
 N_ITERS = 1
-
-
-def _batches():
-    return [bert_batch(s, n=4, length=5) for s in range(4)]
 
 
 def _settings(**kw):
@@ -114,21 +111,6 @@ def test_line_statistics_against_scipy_and_by_hand():
     ok = np.isfinite(x)
     assert st["n"] == 12 and st["n_refused"] == 2
     assert st["delta_full"] == pytest.approx(tau(x[ok], gap[ok]) - tau(full[ok], gap[ok]))
-
-
-class _TinySource:
-    """A zoo of tiny BERTs as the stage reads one (loaders and the primary's batches)."""
-
-    def __init__(self, n):
-        self.names = [f"model_{i:03d}" for i in range(n)]
-
-    def loaders(self, names=None, device="cpu"):
-        names = self.names if names is None else list(names)
-        return [(k, functools.partial(tiny_bert, self.names.index(k))) for k in names]
-
-    def sharpness_batches(self, n_points, batch_size, seed):
-        assert (n_points, batch_size, seed) == (16, 4, 0)
-        return _batches()
 
 
 def _published(tmp_path, n, *, corrupt=False):

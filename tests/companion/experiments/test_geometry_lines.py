@@ -1,7 +1,6 @@
 """companion.experiments.geometry_lines: each member's values are the library's own (direct calls), τ and Δτ are
 scipy's, refusals are counted (never dropped silently), the diagonal networks' traces match a closed form and the
 group action, and Table 1 / the README show the lines with their status."""
-import functools
 import json
 import math
 
@@ -15,13 +14,11 @@ import hideseek as hs
 from companion import paper
 from companion.experiments import geometry_lines as gl
 from companion.experiments import table1
-from tests.models import bert_batch, tiny_bert
+from tests.companion.experiments.tiny_zoo import TinySource as _TinySource
+from tests.companion.experiments.tiny_zoo import batches as _batches
+from tests.models import tiny_bert
 
 HS = gl.HessianSettings("hutchinson", True, 0)
-
-
-def _batches():
-    return [bert_batch(s, n=4, length=5) for s in range(4)]
 
 
 def _settings(**kw):
@@ -133,21 +130,6 @@ def test_diagonal_traces_closed_form_and_group_action():
     for k in ("invariant", "mixed"):     # traces on the quotient: unchanged by (u a, v / a)
         assert moved[k][0] == pytest.approx(tr[k][0], rel=1e-8) and tr[k][1] == 0.0
     assert abs(moved["euclidean"][0] - tr["euclidean"][0]) > 1e-3 * abs(tr["euclidean"][0])
-
-
-class _TinySource:
-    """A zoo of tiny BERTs as the stage reads one (loaders and the primary's batches)."""
-
-    def __init__(self, n):
-        self.names = [f"model_{i:03d}" for i in range(n)]
-
-    def loaders(self, names=None, device="cpu"):
-        names = self.names if names is None else list(names)
-        return [(k, functools.partial(tiny_bert, self.names.index(k))) for k in names]
-
-    def sharpness_batches(self, n_points, batch_size, seed):
-        assert (n_points, batch_size, seed) == (16, 4, 0)
-        return _batches()
 
 
 def _published(tmp_path, n):

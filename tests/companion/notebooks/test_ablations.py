@@ -13,18 +13,14 @@ from scipy import stats
 import hideseek as hs
 from companion.experiments import minilm_zoo as mz
 from companion.pipeline import run_stage
-from tests.companion.minilm_standin import TINY_SPEC, save_standin
+from tests.companion.minilm_standin import standin_zoo
 
 RHO = {"adaptive": 0.1, "geodesic_invariant": 0.05, "geodesic_mixed": 0.02}
 
 
 @pytest.mark.slow
 def test_ablations_notebook_runs_and_publishes(tmp_path, monkeypatch):
-    base = save_standin(tmp_path / "base")
-    monkeypatch.setenv("HIDESEEK_MINILM_DIR", str(base))   # "minilm" resolves to the stand-in (kernel inherits it)
-    spec = {**TINY_SPEC, "base": "minilm", "finetune": {**TINY_SPEC["finetune"], "n_models": 6}}
-    zoo = tmp_path / "zoo"
-    mz.train_zoo(mz.MiniLMSpec.from_dict(spec), zoo, progress=False)
+    zoo = standin_zoo(tmp_path, monkeypatch)
     reports = tmp_path / "reports"
     run_stage("minilm", reports_dir=reports, progress_bar=False, params=dict(
         zoo_dir=str(zoo), device="cpu", threads=1, workers=1, n_points=16, batch_size=4, data_seed=0, n_iters=1, seed=0,

@@ -9,18 +9,14 @@ from scipy import stats
 
 from companion.experiments import minilm_zoo as mz
 from companion.pipeline import run_stage
-from tests.companion.minilm_standin import TINY_SPEC, save_standin
+from tests.companion.minilm_standin import standin_zoo
 
 RHO = {"adaptive": 0.1, "geodesic_invariant": 0.05, "geodesic_mixed": 0.02}
 
 
 @pytest.mark.slow
 def test_minilm_notebook_runs_and_publishes(tmp_path, monkeypatch):
-    base = save_standin(tmp_path / "base")
-    monkeypatch.setenv("HIDESEEK_MINILM_DIR", str(base))   # "minilm" resolves to the stand-in (kernel inherits it)
-    spec = {**TINY_SPEC, "base": "minilm", "finetune": {**TINY_SPEC["finetune"], "n_models": 6}}
-    zoo = tmp_path / "zoo"
-    mz.train_zoo(mz.MiniLMSpec.from_dict(spec), zoo, progress=False)
+    zoo = standin_zoo(tmp_path, monkeypatch)
     params = dict(zoo_dir=str(zoo), device="cpu", threads=1, workers=1, n_points=16, batch_size=4, data_seed=0,
                   n_iters=1, seed=0, rho=RHO, eps=0.0, max_train_error=0.3, n_boot=50, gap_splits=10,
                   power_alpha=0.05, power_n_sim=20,
