@@ -249,8 +249,7 @@ def sharded_geometry(measure: Measure, params: Mapping[str, Tensor], blocks: Seq
         else:
             theta[n] = local[n] if local is not None else local_tensor(params[n].detach())
     geom = measure.geometry_at(theta, blocks)
-    geom.adaptive = ShardedFree(geom.adaptive, [layouts[n] for n in geom.free_names], comm)
-    geom.parts[-1] = geom.adaptive
+    geom.with_free_part(lambda free: ShardedFree(free, [layouts[n] for n in free.names], comm))
     return geom, layouts
 
 

@@ -141,8 +141,7 @@ class RowsGeometry(ProductGeometry):
         g.__class__ = cls
         index = {n: i for i, n in enumerate(full.adaptive.names)}
         by_index = {index[n]: r for n, r in rows.items()}
-        g.adaptive = RowsAdaptive(full.adaptive, by_index)
-        g.parts = [g.pair_part, g.adaptive]
+        g.with_free_part(lambda free: RowsAdaptive(free, by_index))
         g.rows_by_name = dict(rows)
         g.n_left_out = sum((full.adaptive.theta[i].shape[0] - r.numel()) * full.adaptive.theta[i][0].numel()
                            for i, r in by_index.items())

@@ -359,6 +359,19 @@ class ProductGeometry:
         ref = next(iter(params.values()))
         self.dtype, self.device = ref.dtype, ref.device
 
+    def with_free_part(self, wrap) -> None:
+        """Replace the free part by ``wrap(free_part)`` (a wrapper or restriction of it: the
+        sharded and row-restricted geometries) and keep :attr:`parts` consistent.  The new
+        part must hold the same parameter names in the same order, since the tangent's layout
+        (:meth:`_split`) and :attr:`free_names` follow it."""
+        new = wrap(self.adaptive)
+        if list(new.names) != list(self.adaptive.names):
+            raise ValueError("with_free_part: the new free part must hold the same parameters in the same order "
+                             f"({len(new.names)} names against {len(self.adaptive.names)}); wrap or restrict the "
+                             "part, do not replace its parameters")
+        self.adaptive = new
+        self.parts = [self.pair_part, new]
+
     # ------------------------------------------------------------------ basics
     @property
     def pairs(self) -> list[PairGeometry]:

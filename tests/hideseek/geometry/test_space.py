@@ -123,3 +123,36 @@ def test_a_new_pair_part_is_one_class():
     torch.testing.assert_close(relaxed.sqnorm(x), _inner_by_hand(relaxed, x, x), rtol=1e-12, atol=0)
     assert float(relaxed.sqnorm(x)) != float(plain.sqnorm(x))
     assert relaxed.dimension() == plain.dimension()
+
+
+def test_with_free_part_keeps_the_parts_and_the_tangent_layout():
+    """A wrapped free part (the sharded and row-restricted geometries use this) replaces both the
+    ``adaptive`` attribute and the last of ``parts``; a point computed through the wrapper equals the
+    unwrapped one; a part over other parameters is refused."""
+    geom = _geom()
+    x = _rand(geom)
+    before = {n: t.clone() for n, t in geom.point(x).items()}
+    calls = []
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def point(self, xs, out):
+            calls.append(len(xs))
+            return self.inner.point(xs, out)
+
+    inner = geom.adaptive
+    geom.with_free_part(Spy)
+    assert geom.parts[-1] is geom.adaptive and geom.adaptive.inner is inner and len(geom.parts) == 2
+    after = geom.point(x)
+    assert calls == [inner.n_tensors] and inner.n_tensors > 0
+    assert set(after) == set(before) and all(torch.equal(after[n], before[n]) for n in before)
+
+    other = AdaptiveGeometry(inner.names[:-1], list(inner.theta[:-1]), "l2")
+    with pytest.raises(ValueError, match="same parameters in the same order"):
+        geom.with_free_part(lambda free: other)
+    assert geom.adaptive.inner is inner           # a refused part leaves the geometry as it was
