@@ -149,6 +149,20 @@ def _confound(metrics_dir: Path, row: str) -> str | None:
             "measures' partial τ are " + " / ".join(f"{p['value']:+.2f}" for p in pt))
 
 
+def _clusters(metrics_dir: Path, row: str) -> str | None:
+    """The drawn factors that split the row's gap into separate clusters (stage ``vision``'s pre-registered check,
+    ``gap_clusters`` in its metrics file), named with where to read the within-level lines."""
+    path = metrics_dir / f"{row}.json"
+    if not path.is_file():
+        return None
+    split = [c for c in json.loads(path.read_text()).get("gap_clusters") or [] if c.get("splits")]
+    if not split:
+        return None
+    return ("the gap splits into separate clusters by " + " and by ".join(c["factor"] for c in split)
+            + " (Figure 4 colours them), so a pooled τ mixes the relation between the clusters with the one within "
+            "them (the lines within each level: reports/figures/paired/paired_vision_factors.png)")
+
+
 def mde_target(metrics_dir: str | Path) -> float:
     """The power the minimum detectable Δ is defined at: the stage ``paired``'s setting as its metrics file records it
     (``params.mde.target``), else as ``params.yaml`` states it (a metrics file written before the setting existed)."""
@@ -175,8 +189,10 @@ def caveat(theirs: dict[str, str], ours: dict[str, str], metrics_dir: Path) -> s
         return (f"it cannot detect the paper's effect: the smallest Δ it finds with {mde_target(metrics_dir):.0%} power "
                 "exceeds the paper's Δ "
                 "for " + " and ".join(short) + ", so an interval around 0 is inconclusive by design")
-    if ours["row"] == "vision" and (c := _confound(metrics_dir, "vision")):
-        return c
+    if ours["row"] == "vision":
+        found = [c for c in (_confound(metrics_dir, "vision"), _clusters(metrics_dir, "vision")) if c]
+        if found:
+            return "; ".join(found)
     rel = {m: _num(ours.get(f"reliability_{m}", "")) or _num(ours.get(f"retest_{m}", "")) for m in MEASURES}
     low = {m: v for m, v in rel.items() if v is not None and v < TARGET_RELIABILITY}
     gap = _num(ours.get("gap_reliability", ""))

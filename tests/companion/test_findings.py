@@ -134,6 +134,7 @@ def test_every_number_moves_with_the_results(tmp_path):
         p["value"] += shift
     paired["params"]["mde"] = {"target": 0.7}
     (tmp_path / "m" / "paired.json").write_text(json.dumps(paired))
+    (tmp_path / "m" / "vision.json").write_text((ROOT / "reports" / "metrics" / "vision.json").read_text())
     before = findings.block(ROOT / "reports" / "table1.csv", ROOT / "reports" / "metrics")
     after = findings.block(tmp_path / "t.csv", tmp_path / "m")
     a, b = (NUMBER.findall(re.sub(r"(Table|Figure|camera-ready|fig)\s?_?\d+", "", x)) for x in (before, after))
@@ -160,3 +161,15 @@ def test_a_stage_measured_on_an_earlier_zoo_is_named_not_current(tmp_path):
     lock["stages"]["measure"]["deps"][0]["md5"] = "new.dir"
     (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
     assert findings.stale_measurements(tmp_path) == []
+
+
+@pytest.mark.parametrize("splits", [True, False])
+def test_the_vision_caveat_names_a_factor_that_splits_the_gap_into_clusters(tmp_path, splits):
+    vision = json.loads((ROOT / "reports" / "metrics" / "vision.json").read_text())
+    vision["gap_clusters"] = [dict(factor="batch_size", splits=False), dict(factor="shift", splits=splits)]
+    (tmp_path / "vision.json").write_text(json.dumps(vision))
+    (tmp_path / "paired.json").write_text((ROOT / "reports" / "metrics" / "paired.json").read_text())
+    text = findings.block(ROOT / "reports" / "table1.csv", tmp_path)
+    vis = next(ln for ln in text.splitlines() if ln.startswith("* **vision"))
+    assert ("splits into separate clusters by shift" in vis) is splits
+    assert "by batch_size" not in vis
