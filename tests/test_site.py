@@ -110,32 +110,40 @@ class Browser:
                 return reply.get("result", {})
             self.events.append(reply)
 
-    def pump(self, seconds: float) -> None:
-        """Collect events for ``seconds``."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            self.ws.settimeout(left)
-            try:
-                self.events.append(json.loads(self.ws.recv()))
-            except Exception:  # the socket's timeout: nothing more came
-                break
-        self.ws.settimeout(60)
+    def _event(self, timeout: float) -> dict | None:
+        """The next event, or ``None`` when none comes within ``timeout`` seconds."""
+        import websocket
+
+        self.ws.settimeout(max(timeout, 1e-3))
+        try:
+            event = json.loads(self.ws.recv())
+        except websocket.WebSocketTimeoutException:   # nothing came
+            return None
+        finally:
+            self.ws.settimeout(60)
+        self.events.append(event)
+        return event
 
     def open(self, url: str, settle: float = 0.4, timeout: float = 60) -> list[dict]:
-        """Navigate and wait for the load event, then until no request is pending for ``settle``
-        seconds; return the events of this page."""
+        """Navigate and wait for the load event, then until no event has come for ``settle``
+        seconds; return the events of this page. (Each event is handled as it arrives: the page
+        is done ``settle`` seconds after its last event, not at the next multiple of a polling
+        interval.)"""
         self.events = []
         self.call("Page.navigate", session=True, url=url)
         deadline = time.monotonic() + timeout
-        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not finish loading in {timeout} s")
-            self.pump(0.2)
+        loaded = any(e.get("method") == "Page.loadEventFired" for e in self.events)
+        last = time.monotonic()
         while True:
-            n = len(self.events)
-            self.pump(settle)
-            if len(self.events) == n or time.monotonic() > deadline:
+            now = time.monotonic()
+            if not loaded and now > deadline:
+                raise TimeoutError(f"{url} did not finish loading in {timeout} s")
+            if loaded and (now - last >= settle or now > deadline):
                 return self.events
+            event = self._event(deadline - now if not loaded else min(settle - (now - last), deadline - now))
+            if event is not None:
+                last = time.monotonic()
+                loaded = loaded or event.get("method") == "Page.loadEventFired"
 
     def evaluate(self, expression: str):
         res = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True,
