@@ -82,9 +82,20 @@ def saving_cell(notebook: dict, stem: str) -> tuple[int, str] | tuple[None, None
     return None, None
 
 
-def provenance(root: Path, figure: str) -> Provenance:
-    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    lock = yaml.safe_load((root / "dvc.lock").read_text()).get("stages", {})
+#: libyaml's parser when PyYAML was built with it (the same documents, several times faster: dvc.lock is large)
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _pipeline(root: Path) -> tuple[dict, dict]:
+    """``dvc.yaml``'s stages and ``dvc.lock``'s stages, parsed."""
+    stages = yaml.load((root / "dvc.yaml").read_text(), Loader=_SafeLoader)["stages"]
+    lock = yaml.load((root / "dvc.lock").read_text(), Loader=_SafeLoader).get("stages", {})
+    return stages, lock
+
+
+def provenance(root: Path, figure: str, pipeline: tuple[dict, dict] | None = None) -> Provenance:
+    """``pipeline``: :func:`_pipeline` of ``root`` when the caller parsed it already."""
+    stages, lock = pipeline if pipeline is not None else _pipeline(root)
     stage = _stage_of(figure, stages)
     params = lock.get(stage, {}).get("params", {}).get("params.yaml", {})
     notebooks = [o for o in _outs(stages[stage]) if o.endswith(".ipynb")]
@@ -202,7 +213,8 @@ def generate(root: Path = ROOT, out: Path = SRC) -> list:
 
     comp = out / "companion"
     figures = sorted(p.relative_to(root).as_posix() for p in (root / "reports" / "figures").rglob("*.png"))
-    provs = {f: provenance(root, f) for f in figures}
+    pipeline = _pipeline(root)   # parsed once for every figure and the pipeline page
+    provs = {f: provenance(root, f, pipeline) for f in figures}
     for f in figures:
         dst = comp / _site_figure(f)
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -257,7 +269,7 @@ def generate(root: Path = ROOT, out: Path = SRC) -> list:
     shutil.copy2(root / BUDGET, comp / "budget.md")
     nav.append({"Budget": "companion/budget.md"})
     nav.append({"Profiles and parameters": "profiles.md"})
-    _pipeline_page(root, comp / "pipeline.md")
+    _pipeline_page(pipeline, comp / "pipeline.md")
     nav.append({"Pipeline": "companion/pipeline.md"})
     _commits_page(root, provs.values(), comp / "commits.md")
     nav.append({"Commits": "companion/commits.md"})
@@ -290,9 +302,8 @@ def _index_page(root: Path, provs: dict, nb_nav: list, path: Path) -> None:
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-def _pipeline_page(root: Path, path: Path) -> None:
-    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    lock = yaml.safe_load((root / "dvc.lock").read_text()).get("stages", {})
+def _pipeline_page(pipeline: tuple[dict, dict], path: Path) -> None:
+    stages, lock = pipeline
     lines = ["# The pipeline", "",
              "Each stage of `dvc.yaml`: its command, what it writes and the parameters `dvc.lock` "
              "records for its last run (`make repro` runs them all; `dvc repro <stage>` one).", ""]

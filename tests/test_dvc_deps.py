@@ -12,6 +12,7 @@ names its code refers to (``companion.behaviour.USES``).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import shlex
@@ -64,6 +65,12 @@ def imported_modules(tree: ast.AST, current: str | None, is_package: bool) -> se
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(f: Path) -> ast.AST:
+    """``f``'s syntax tree, parsed once for every stage's scan (the trees are only read)."""
+    return ast.parse(f.read_text(), filename=str(f))
+
+
 def closure(seeds: set[str], extra_trees: list[ast.AST] = ()) -> set[Path]:
     files: set[Path] = set()
     todo = set(seeds)
@@ -74,7 +81,7 @@ def closure(seeds: set[str], extra_trees: list[ast.AST] = ()) -> set[Path]:
         if f is None or f in files:
             continue
         files.add(f)
-        tree = ast.parse(f.read_text(), filename=str(f))
+        tree = parsed(f)
         todo |= imported_modules(tree, module_name(f), f.name == "__init__.py")
     return files
 
@@ -83,7 +90,7 @@ def library_names(files: set[Path], extra_trees: list[ast.AST] = ()) -> set[str]
     """The names of :mod:`hideseek` that ``files`` and ``extra_trees`` refer to: names imported from a
     hideseek module, the last part of a hideseek module's name, and ``hs.<name>`` attributes."""
     names: set[str] = set()
-    trees = [ast.parse(f.read_text(), filename=str(f)) for f in files if f.parts[len(ROOT.parts)] != "hideseek"]
+    trees = [parsed(f) for f in files if f.parts[len(ROOT.parts)] != "hideseek"]
     for tree in [*trees, *extra_trees]:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hideseek":

@@ -1,7 +1,11 @@
 """The test suite's layout (docs/architecture.md §7): ``tests/`` mirrors the packages, and every
 folder of it is a package, so that pytest never puts a test folder itself on ``sys.path`` (where
 ``tests/hideseek/`` would shadow the library)."""
+import subprocess
 from pathlib import Path
+
+import pytest
+import yaml
 
 import benchmarks
 import companion
@@ -50,3 +54,20 @@ def test_the_packages_are_not_shadowed_by_their_test_folders():
     for module in (hideseek, companion, benchmarks):
         path = Path(module.__file__).resolve()
         assert not path.is_relative_to(TESTS), f"`import {module.__name__}` found {path}, a test folder"
+
+
+# tests/conftest.py has ``yaml.safe_load`` parse with libyaml in the test processes: both parsers must give the
+# same objects for every YAML file of the repository (params.yaml, dvc.yaml, dvc.lock, ...)
+def test_libyaml_and_pure_python_parse_every_yaml_file_alike():
+    if not getattr(yaml, "__with_libyaml__", False):
+        pytest.skip("PyYAML without libyaml: conftest leaves yaml.safe_load alone")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.yaml", "*.yml", "*.lock"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert {"params.yaml", "dvc.yaml", "dvc.lock"} <= set(files)
+    for f in files:
+        text = (ROOT / f).read_text()
+        try:
+            pure = yaml.load(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:          # not plain YAML (a tagged config): nothing the tests parse with safe_load
+            continue
+        assert repr(yaml.load(text, Loader=yaml.CSafeLoader)) == repr(pure), f

@@ -72,9 +72,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 class Browser:
-    """A headless Chromium with a fresh profile, one tab, spoken to over the DevTools protocol."""
+    """A headless Chromium with a fresh profile and ``tabs`` tabs, spoken to over the DevTools protocol."""
 
-    def __init__(self, executable: str):
+    def __init__(self, executable: str, tabs: int = 1):
         import websocket  # websocket-client, pinned in requirements-docs.txt
 
         self.profile = tempfile.mkdtemp(prefix="hideseek-chromium-")
@@ -90,17 +90,36 @@ class Browser:
         self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=60,
                                               suppress_origin=True)
         self._id = 0
-        self.events: list[dict] = []
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.call(f"{domain}.enable", session=True)
+        #: each tab's (DevTools session's) events since its last navigation
+        self.events: dict[str, list[dict]] = {}
+        #: each tab's state while it loads a page: [url, deadline, loaded, time of its last event]
+        self._loading: dict[str, list] = {}
+        self.sessions = []
+        for _ in range(tabs):
+            target = self.call("Target.createTarget", url="about:blank")["targetId"]
+            self.sessions.append(self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"])
+            self.events[self.sessions[-1]] = []
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                self.call(f"{domain}.enable", session=self.sessions[-1])
+        self.session = self.sessions[0]
 
-    def call(self, method: str, session: bool = False, **params):
+    def _route(self, event: dict) -> None:
+        """File an event under its tab (browser-level events, which name no tab, are not kept)."""
+        session = event.get("sessionId")
+        if session in self.events:
+            self.events[session].append(event)
+            if session in self._loading:
+                state = self._loading[session]
+                state[3] = time.monotonic()
+                state[2] = state[2] or event.get("method") == "Page.loadEventFired"
+
+    def call(self, method: str, session: str | bool | None = None, **params):
+        """Send a command (to the tab ``session``, or to the first tab for ``True``) and return its
+        result; the events that arrive meanwhile are filed under their tabs."""
         self._id += 1
         msg = {"id": self._id, "method": method, "params": params}
         if session:
-            msg["sessionId"] = self.session
+            msg["sessionId"] = self.session if session is True else session
         self.ws.send(json.dumps(msg))
         while True:
             reply = json.loads(self.ws.recv())
@@ -108,44 +127,63 @@ class Browser:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply.get("result", {})
-            self.events.append(reply)
+            self._route(reply)
 
-    def pump(self, seconds: float) -> None:
-        """Collect events for ``seconds``."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            self.ws.settimeout(left)
-            try:
-                self.events.append(json.loads(self.ws.recv()))
-            except Exception:  # the socket's timeout: nothing more came
-                break
-        self.ws.settimeout(60)
+    def _event(self, timeout: float) -> bool:
+        """File the next event; ``False`` when none comes within ``timeout`` seconds."""
+        import websocket
 
-    def open(self, url: str, settle: float = 0.4, timeout: float = 60) -> list[dict]:
-        """Navigate and wait for the load event, then until no request is pending for ``settle``
-        seconds; return the events of this page."""
-        self.events = []
-        self.call("Page.navigate", session=True, url=url)
-        deadline = time.monotonic() + timeout
-        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not finish loading in {timeout} s")
-            self.pump(0.2)
-        while True:
-            n = len(self.events)
-            self.pump(settle)
-            if len(self.events) == n or time.monotonic() > deadline:
-                return self.events
+        self.ws.settimeout(max(timeout, 1e-3))
+        try:
+            event = json.loads(self.ws.recv())
+        except websocket.WebSocketTimeoutException:   # nothing came
+            return False
+        finally:
+            self.ws.settimeout(60)
+        self._route(event)
+        return True
 
-    def evaluate(self, expression: str):
-        res = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True,
+    def visit(self, urls: list[str], done, settle: float = 0.4, timeout: float = 60) -> None:
+        """Open ``urls``, one per tab at a time (the tabs load side by side). A page is done once
+        its tab had the load event and then no event for ``settle`` seconds (each event handled
+        as it arrives); ``done(url, session, events)`` is then called with that tab's events
+        (the tab's page still open in it) before the tab goes on to the next URL."""
+        todo = list(urls)[::-1]
+
+        def start(session: str) -> None:
+            url = todo.pop()
+            self.events[session] = []
+            self._loading[session] = [url, time.monotonic() + timeout, False, time.monotonic()]
+            self.call("Page.navigate", session=session, url=url)
+
+        for session in self.sessions:
+            if todo:
+                start(session)
+        while self._loading:
+            now = time.monotonic()
+            waits = []
+            for session, (url, deadline, loaded, last) in list(self._loading.items()):
+                if not loaded and now > deadline:
+                    raise TimeoutError(f"{url} did not finish loading in {timeout} s")
+                if loaded and (now - last >= settle or now > deadline):
+                    del self._loading[session]
+                    done(url, session, self.events[session])
+                    if todo:
+                        start(session)
+                    break   # the clock moved: look again
+                waits.append(min(last + settle, deadline) - now if loaded else deadline - now)
+            else:
+                self._event(min(waits))
+
+    def evaluate(self, expression: str, session: str | bool = True):
+        res = self.call("Runtime.evaluate", session=session, expression=expression, returnByValue=True,
                         awaitPromise=True)
         if "exceptionDetails" in res:
             raise RuntimeError(f"{expression[:60]}…: {res['exceptionDetails']}")
         return res["result"].get("value")
 
-    def screenshot(self, path: Path) -> None:
-        data = self.call("Page.captureScreenshot", session=True, format="png")["data"]
+    def screenshot(self, path: Path, session: str | bool = True) -> None:
+        data = self.call("Page.captureScreenshot", session=session, format="png")["data"]
         path.write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
@@ -204,19 +242,26 @@ def pages(site: Path) -> list[str]:
                   for p in site.rglob("*.html"))
 
 
-def read_site(site: Path, executable: str, screenshots: Path | None = None) -> dict:
-    """Open every page of ``site``; return what each page reported and its problems."""
-    server, browser = Server(site), Browser(executable)
+def read_site(site: Path, executable: str, screenshots: Path | None = None, tabs: int = 4) -> dict:
+    """Open every page of ``site``, ``tabs`` at a time (one when taking screenshots); return what
+    each page reported and its problems."""
+    server = Server(site)
+    browser = Browser(executable, tabs=1 if screenshots is not None else tabs)
+    rel_of = {server.origin + rel: rel for rel in pages(site)}
+    report = {}
+
+    def done(url: str, session: str, events: list[dict]) -> None:
+        rel = rel_of[url]
+        info = browser.evaluate(PAGE_JS, session)
+        info["problems"] = problems(events, server.origin)
+        report[rel] = info
+        if screenshots is not None and rel in LANDING.values():
+            name = next(k for k, v in LANDING.items() if v == rel)
+            browser.screenshot(screenshots / f"{name}.png", session)
+
     try:
-        report = {}
-        for rel in pages(site):
-            events = browser.open(server.origin + rel)
-            info = browser.evaluate(PAGE_JS)
-            info["problems"] = problems(events, server.origin)
-            report[rel] = info
-            if screenshots is not None and rel in LANDING.values():
-                name = next(k for k, v in LANDING.items() if v == rel)
-                browser.screenshot(screenshots / f"{name}.png")
+        browser.visit(list(rel_of), done)
+        report = {rel: report[rel] for rel in rel_of.values()}   # in the pages' order
         report["_origin"] = server.origin
         return report
     finally:

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from companion.experiments import language_report as lr
 from companion.experiments import language_zoo as lz
 from companion.pipeline import run_stage
 
@@ -21,7 +22,7 @@ RHO = {"adaptive": 0.1, "geodesic_invariant": 0.05, "geodesic_mixed": 0.05}
 
 def _params(zoo) -> dict:
     grid = [0.05, 0.2]
-    return dict(zoo_dir=str(zoo), device="cpu", threads=1, workers=2, n_points=16, batch_size=4, data_seed=0,
+    return dict(zoo_dir=str(zoo), device="cpu", threads=1, workers=1, n_points=16, batch_size=4, data_seed=0,
                 n_iters=1, seed=0, rho=RHO, eps=0.0, max_train_error=0.42, n_boot=50, gap_splits=10, power_alpha=0.05,
                 power_n_sim=50,
                 exploratory=dict(n_points=8, n_iters=1, rho_grid={m: grid for m in RHO},
@@ -77,6 +78,16 @@ def test_language_notebook_runs_and_publishes(tmp_path):
         rows = sharp[sharp.measure == measure].set_index("model")
         assert np.allclose(scatter[measure], rows.loc[members.index, "value"])
     assert set(pd.read_csv(data / "plot_tau_vs_rho.csv").columns) == {"rho", *RHO}
+    # the stage runs with workers=1 here (each pool of spawned workers costs two fresh processes importing torch and
+    # transformers, and the report measures four times); the pipeline's params run it with workers=2: the members'
+    # loaders measured in two spawned processes give the published primary values bit for bit
+    spawned = lr.measure_primary(lr.settings_from({**_params(zoo), "workers": 2}), list(members.index[:2]),
+                                 progress=False)
+    exact = pd.read_csv(data / "sharpness.csv", float_precision="round_trip").set_index(["model", "measure"])
+    assert len(spawned) == 2 * len(RHO)
+    for row in spawned.itertuples():
+        assert row.value == exact.loc[(row.model, row.measure), "value"]
+        assert list(row.per_batch) == json.loads(exact.loc[(row.model, row.measure), "per_batch"])
     # the exploratory curves at the cheaper protocol cover the grids
     curves = pd.read_csv(data / "tau_vs_rho.csv")
     assert set(zip(curves.measure, curves.rho)) == {(m, r) for m in RHO for r in (0.05, 0.2)}
