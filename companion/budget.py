@@ -37,6 +37,8 @@ _STAGE_LINE = re.compile(r"stage (\S+) \((\w+)\) done in ([\d.]+)s")
 _END_LINE = re.compile(r"^\d\d:\d\d:\d\d END (?:force:)?(\S+) rc=0 seconds=(\d+)$")
 _STEP_START = re.compile(r"^\d\d:\d\d:\d\d START (\S+)$")
 _STEP_END = re.compile(r"^\d\d:\d\d:\d\d END (\S+) rc=(-?\d+) seconds=(\d+)$")
+_STAGE_START = re.compile(r"^(\d\d):(\d\d):(\d\d) STAGE (\S+)$")    # a stage starting inside a plain `repro` step
+_CLOCK = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
 PARAMS = REPO_ROOT / "params.yaml"
 
 
@@ -66,7 +68,15 @@ def full_rebuild(timings: str | Path, names: list[str], skipped: dict[str, str] 
     if not log.is_file():
         return None
     started, ended, stopped = [], {}, {}
-    for line in log.read_text().splitlines():
+    text = log.read_text()
+    if (plain := _plain_repro(text)) is not None:
+        setup, per_stage = plain
+        skipped = cpu_skipped() if skipped is None else skipped
+        if any(n not in per_stage for n in names if n not in skipped):
+            return None
+        steps = ({"setup": setup} if setup is not None else {}) | per_stage
+        return {"steps": steps, "total": sum(steps.values()), "stopped": {}, "plain": True}
+    for line in text.splitlines():
         if m := _STEP_START.match(line.strip()):
             if m[1] in ended and ended[m[1]][0] != 0:        # a failed attempt, run again: not counted
                 stopped[m[1].removeprefix("force:")] = ended.pop(m[1])[1]
@@ -80,6 +90,30 @@ def full_rebuild(timings: str | Path, names: list[str], skipped: dict[str, str] 
     if any(n not in secs for n in names if n not in skipped):
         return None
     return {"steps": secs, "total": sum(secs.values()), "stopped": stopped}
+
+
+def _seconds(m: re.Match) -> int:
+    return int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
+
+
+def _plain_repro(text: str) -> tuple[float | None, dict[str, float]] | None:
+    """A log of ``timed_repro.sh CLONE setup repro`` (a plain ``dvc repro`` of a fresh clone, every stage run since
+    the clone has no DVC cache): ``(setup seconds or None, {stage: seconds})``, each stage's time from its ``STAGE``
+    line to the next one (the last one to the end of ``repro``; the UTC clock, wrapping at midnight), or None when
+    the log has no ``repro`` step, or that step failed or never ended, or it ran another step beside ``setup``."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    steps = [m[1] for ln in lines if (m := _STEP_START.match(ln))]
+    ends = {m[1]: (int(m[2]), float(m[3])) for ln in lines if (m := _STEP_END.match(ln))}
+    if "repro" not in steps or set(steps) - {"setup", "repro"} or len(steps) != len(set(steps)):
+        return None
+    if any(ends.get(n, (1,))[0] != 0 for n in steps):
+        return None
+    marks = [(m[4], _seconds(m)) for ln in lines if (m := _STAGE_START.match(ln))]
+    end = next(_seconds(m) for ln in lines if ln.split(" ")[1:3] == ["END", "repro"] and (m := _CLOCK.match(ln)))
+    out: dict[str, float] = {}
+    for (name, t0), t1 in zip(marks, [t for _, t in marks[1:]] + [end]):
+        out[name] = out.get(name, 0.0) + float((t1 - t0) % 86400)
+    return (ends["setup"][1] if "setup" in ends else None), out
 
 
 def stage_seconds(timings: str | Path, names: list[str],
@@ -126,11 +160,14 @@ def block(timings: str | Path = REPO_ROOT / "reports" / "timings", dvc_yaml: str
     rebuild = full_rebuild(timings, names)
     if rebuild is not None:
         setup = rebuild["steps"].get("setup")
+        how = ("a plain `dvc repro`, as `make repro` runs it (no DVC cache in a fresh clone, so every stage runs; each "
+               "stage timed from its start to the next one's, to the log's second" if rebuild.get("plain") else
+               "every stage, each rebuilt (`dvc repro -f -s <stage>`, one after another")
         return "\n".join([
             README_BEGIN,
             f"**Measured as one run, cpu profile: {rebuild['total'] / 60:.0f} minutes** — a fresh clone's "
             + (f"`make setup` ({setup / 60:.1f} min) and then " if setup is not None else "")
-            + f"every stage, each rebuilt (`dvc repro -f -s <stage>`, one after another; stages {total / 60:.0f} "
+            + f"{how}; stages {total / 60:.0f} "
             "minutes), on the 2-core machine (`benchmarks/timed_repro.sh`; log `reports/timings/fresh_clone.log`)"
             + "".join(f"; not counted: a stopped attempt of `{n}` ({v / 60:.0f} min), re-run in the same run after the "
                       "change the log states" for n, v in rebuild["stopped"].items()) + ".",

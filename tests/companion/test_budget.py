@@ -60,3 +60,54 @@ def test_a_complete_timed_rebuild_is_the_source_and_its_total_is_stated(tmp_path
     assert budget.full_rebuild(t, budget.stages(dvc)) == {"steps": {"setup": 240.0, "a": 600.0, "b": 1200.0},
                                                          "total": 2040.0, "stopped": {"b": 391.0}}
     assert "not counted: a stopped attempt of `b` (7 min)" in budget.block(t, dvc)
+
+
+def test_a_plain_repro_of_a_fresh_clone_times_each_stage_from_its_start_to_the_next(tmp_path):
+    t = tmp_path / "timings"
+    t.mkdir()
+    dvc = tmp_path / "dvc.yaml"
+    dvc.write_text("stages:\n  a: {cmd: x}\n  b: {cmd: x}\n  language_stability: {cmd: x}\n")
+    log = ("23:50:00 START setup\n23:52:00 END setup rc=0 seconds=120\n23:52:00 START repro\n"
+           "23:52:01 STAGE a\n23:58:41 STAGE language_stability\n23:58:42 STAGE b\n"
+           "00:10:42 END repro rc=0 seconds=1122\n")                      # past midnight: the clock wraps
+    (t / "fresh_clone.log").write_text(log)
+    rebuild = budget.full_rebuild(t, budget.stages(dvc))
+    assert rebuild["steps"] == {"setup": 120.0, "a": 400.0, "language_stability": 1.0, "b": 720.0}
+    secs = budget.stage_seconds(t, budget.stages(dvc))
+    assert {s: v for s, (v, _) in secs.items()} == {"a": 400.0, "b": 720.0, "language_stability": 0.0}
+    text = budget.block(t, dvc)
+    assert "**Measured as one run, cpu profile: 21 minutes**" in text       # (120 + 400 + 1 + 720) / 60 = 20.7
+    assert "a plain `dvc repro`" in text and "`make setup` (2.0 min)" in text
+    (t / "fresh_clone.log").write_text(log.replace("23:58:42 STAGE b\n", ""))
+    assert budget.full_rebuild(t, budget.stages(dvc)) is None              # stage b never started
+    (t / "fresh_clone.log").write_text(log.replace("END repro rc=0", "END repro rc=1"))
+    assert budget.full_rebuild(t, budget.stages(dvc)) is None              # the repro failed
+    (t / "fresh_clone.log").write_text(log.replace("00:10:42 END repro rc=0 seconds=1122\n", ""))
+    assert budget.full_rebuild(t, budget.stages(dvc)) is None              # never ended
+
+
+def test_timed_repro_logs_each_stage_start_of_a_plain_repro(tmp_path):
+    """benchmarks/timed_repro.sh's `repro` step writes a STAGE line per stage that dvc starts, which the budget reads."""
+    import subprocess
+
+    clone = tmp_path / "clone"
+    (clone / ".venv" / "bin").mkdir(parents=True)
+    (clone / ".venv" / "bin" / "activate").write_text(           # a stand-in dvc: two stages, then success
+        "dvc() { echo \"Running stage 'a':\"; echo 'a line of a stage'; echo \"Running stage 'b':\"; }\n")
+    log = tmp_path / "t" / "fresh_clone.log"
+    log.parent.mkdir()
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "timed_repro.sh"), str(clone), "repro"],
+                       env={"PATH": "/usr/bin:/bin", "LOG": str(log)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = log.read_text().splitlines()
+    assert [ln.split(" ", 1)[1].split(" seconds=")[0] for ln in lines] == ["START repro", "STAGE a", "STAGE b",
+                                                                           "END repro rc=0"]
+    assert "a line of a stage" in (tmp_path / "t" / "fresh_clone.log.repro.out").read_text()
+    dvc = tmp_path / "dvc.yaml"
+    dvc.write_text("stages:\n  a: {cmd: x}\n  b: {cmd: x}\n")
+    assert set(budget.full_rebuild(log.parent, budget.stages(dvc), skipped={})["steps"]) == {"a", "b"}
+    (clone / ".venv" / "bin" / "activate").write_text("dvc() { echo \"Running stage 'a':\"; return 3; }\n")
+    log.unlink()
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "timed_repro.sh"), str(clone), "repro"],
+                       env={"PATH": "/usr/bin:/bin", "LOG": str(log)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and " END repro rc=3 seconds=" in log.read_text().splitlines()[-1]
