@@ -3,8 +3,9 @@
 Every number comes from a file under ``reports/timings/`` (git only, never a DVC output):
 
 0. a **complete timed fresh-clone rebuild** (``fresh_clone.log`` from ``benchmarks/timed_repro.sh``, every step
-   ended with rc 0 and every stage the profile runs timed there as a step of its own, ``force:<stage>`` or
-   ``<stage>``): each stage's step time — the one run the budget is about, so it comes first;
+   ended with rc 0 and every stage the profile runs timed there, as a step of its own, ``force:<stage>`` or
+   ``<stage>``, or inside a plain ``repro`` step, from its ``STAGE`` line to the next stage's or the step's end):
+   each stage's time — the one run the budget is about, so it comes first;
 1. ``<stage>.json``'s ``stage_wall_s`` — the stage's own wall time at its last run, written by
    :func:`companion.pipeline.run_stage` for a notebook stage and by the command of ``language_retest`` and
    ``table1``;
@@ -68,52 +69,44 @@ def full_rebuild(timings: str | Path, names: list[str], skipped: dict[str, str] 
     if not log.is_file():
         return None
     started, ended, stopped = [], {}, {}
-    text = log.read_text()
-    if (plain := _plain_repro(text)) is not None:
-        setup, per_stage = plain
-        skipped = cpu_skipped() if skipped is None else skipped
-        if any(n not in per_stage for n in names if n not in skipped):
-            return None
-        steps = ({"setup": setup} if setup is not None else {}) | per_stage
-        return {"steps": steps, "total": sum(steps.values()), "stopped": {}, "plain": True}
-    for line in text.splitlines():
-        if m := _STEP_START.match(line.strip()):
+    marks: list[tuple[str, int]] = []           # (stage, clock seconds): the STAGE lines of the `repro` step
+    in_repro, repro_end = False, 0
+    for line in log.read_text().splitlines():
+        ln = line.strip()
+        if m := _STEP_START.match(ln):
             if m[1] in ended and ended[m[1]][0] != 0:        # a failed attempt, run again: not counted
                 stopped[m[1].removeprefix("force:")] = ended.pop(m[1])[1]
             started.append(m[1])
-        elif m := _STEP_END.match(line.strip()):
+            in_repro = m[1] == "repro"
+            if in_repro:
+                marks = []
+        elif m := _STEP_END.match(ln):
             ended[m[1]] = (int(m[2]), float(m[3]))
+            if m[1] == "repro":
+                in_repro, repro_end = False, _seconds(_CLOCK.match(ln))
+        elif in_repro and (m := _STAGE_START.match(ln)):
+            marks.append((m[4], _seconds(m)))
     if not started or any(ended.get(n, (1,))[0] != 0 for n in started):
         return None
-    secs = {n.removeprefix("force:"): ended[n][1] for n in started}
+    in_repro_secs: dict[str, float] = {}
+    for (name, t0), t1 in zip(marks, [t for _, t in marks[1:]] + [repro_end]):
+        in_repro_secs[name] = in_repro_secs.get(name, 0.0) + float((t1 - t0) % 86400)   # the UTC clock wraps
+    secs: dict[str, float] = {}
+    for n in dict.fromkeys(started):
+        if n == "repro":
+            secs.update(in_repro_secs)
+        else:
+            secs[n.removeprefix("force:")] = ended[n][1]
     skipped = cpu_skipped() if skipped is None else skipped
     if any(n not in secs for n in names if n not in skipped):
         return None
-    return {"steps": secs, "total": sum(secs.values()), "stopped": stopped}
+    forced = list(dict.fromkeys(n.removeprefix("force:") for n in started if n not in ("setup", "repro")))
+    return {"steps": secs, "total": sum(secs.values()), "stopped": stopped,
+            "in_repro": [n for n in in_repro_secs if n not in forced], "forced": forced}
 
 
 def _seconds(m: re.Match) -> int:
     return int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
-
-
-def _plain_repro(text: str) -> tuple[float | None, dict[str, float]] | None:
-    """A log of ``timed_repro.sh CLONE setup repro`` (a plain ``dvc repro`` of a fresh clone, every stage run since
-    the clone has no DVC cache): ``(setup seconds or None, {stage: seconds})``, each stage's time from its ``STAGE``
-    line to the next one (the last one to the end of ``repro``; the UTC clock, wrapping at midnight), or None when
-    the log has no ``repro`` step, or that step failed or never ended, or it ran another step beside ``setup``."""
-    lines = [ln.strip() for ln in text.splitlines()]
-    steps = [m[1] for ln in lines if (m := _STEP_START.match(ln))]
-    ends = {m[1]: (int(m[2]), float(m[3])) for ln in lines if (m := _STEP_END.match(ln))}
-    if "repro" not in steps or set(steps) - {"setup", "repro"} or len(steps) != len(set(steps)):
-        return None
-    if any(ends.get(n, (1,))[0] != 0 for n in steps):
-        return None
-    marks = [(m[4], _seconds(m)) for ln in lines if (m := _STAGE_START.match(ln))]
-    end = next(_seconds(m) for ln in lines if ln.split(" ")[1:3] == ["END", "repro"] and (m := _CLOCK.match(ln)))
-    out: dict[str, float] = {}
-    for (name, t0), t1 in zip(marks, [t for _, t in marks[1:]] + [end]):
-        out[name] = out.get(name, 0.0) + float((t1 - t0) % 86400)
-    return (ends["setup"][1] if "setup" in ends else None), out
 
 
 def stage_seconds(timings: str | Path, names: list[str],
@@ -160,15 +153,21 @@ def block(timings: str | Path = REPO_ROOT / "reports" / "timings", dvc_yaml: str
     rebuild = full_rebuild(timings, names)
     if rebuild is not None:
         setup = rebuild["steps"].get("setup")
-        how = ("a plain `dvc repro`, as `make repro` runs it (no DVC cache in a fresh clone, so every stage runs; each "
-               "stage timed from its start to the next one's, to the log's second" if rebuild.get("plain") else
-               "every stage, each rebuilt (`dvc repro -f -s <stage>`, one after another")
+        timed = "each timed from its start to the next stage's"
+        if rebuild["in_repro"] and rebuild["forced"]:
+            how = ("a plain `dvc repro`, as `make repro` runs it, which ran " + ", ".join(f"`{n}`" for n in
+                                                                                   rebuild["in_repro"])
+                   + f" ({timed}), then every other stage rebuilt with `dvc repro -f -s <stage>`, one after another")
+        elif rebuild["in_repro"]:
+            how = f"a plain `dvc repro`, as `make repro` runs it, which ran every stage ({timed})"
+        else:
+            how = "every stage, each rebuilt with `dvc repro -f -s <stage>`, one after another"
         return "\n".join([
             README_BEGIN,
             f"**Measured as one run, cpu profile: {rebuild['total'] / 60:.0f} minutes** — a fresh clone's "
             + (f"`make setup` ({setup / 60:.1f} min) and then " if setup is not None else "")
-            + f"{how}; stages {total / 60:.0f} "
-            "minutes), on the 2-core machine (`benchmarks/timed_repro.sh`; log `reports/timings/fresh_clone.log`)"
+            + f"{how} (stages {total / 60:.0f} minutes), on the 2-core machine (`benchmarks/timed_repro.sh`; log "
+            "`reports/timings/fresh_clone.log`)"
             + "".join(f"; not counted: a stopped attempt of `{n}` ({v / 60:.0f} min), re-run in the same run after the "
                       "change the log states" for n, v in rebuild["stopped"].items()) + ".",
             "", "| stage | minutes | measured on |", "|---|---|---|", *rows, README_END])

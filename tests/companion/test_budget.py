@@ -44,7 +44,8 @@ def test_a_complete_timed_rebuild_is_the_source_and_its_total_is_stated(tmp_path
     assert budget.stage_seconds(t, budget.stages(dvc))["a"][0] == 999.0
     (t / "fresh_clone.log").write_text(log + "17:53:29 END b rc=0 seconds=1200\n")
     assert budget.full_rebuild(t, budget.stages(dvc)) == {"steps": {"setup": 240.0, "a": 600.0, "b": 1200.0},
-                                                         "total": 2040.0, "stopped": {}}
+                                                         "total": 2040.0, "stopped": {}, "in_repro": [],
+                                                         "forced": ["a", "b"]}
     secs = budget.stage_seconds(t, budget.stages(dvc))
     assert {s: v for s, (v, _) in secs.items()} == {"a": 600.0, "b": 1200.0, "language_stability": 0.0}
     text = budget.block(t, dvc)
@@ -58,7 +59,8 @@ def test_a_complete_timed_rebuild_is_the_source_and_its_total_is_stated(tmp_path
                           "17:50:01 at def update: b stopped\n17:50:01 START b\n18:10:01 END b rc=0 seconds=1200\n")
     (t / "fresh_clone.log").write_text(retried)
     assert budget.full_rebuild(t, budget.stages(dvc)) == {"steps": {"setup": 240.0, "a": 600.0, "b": 1200.0},
-                                                         "total": 2040.0, "stopped": {"b": 391.0}}
+                                                         "total": 2040.0, "stopped": {"b": 391.0}, "in_repro": [],
+                                                         "forced": ["a", "b"]}
     assert "not counted: a stopped attempt of `b` (7 min)" in budget.block(t, dvc)
 
 
@@ -77,7 +79,13 @@ def test_a_plain_repro_of_a_fresh_clone_times_each_stage_from_its_start_to_the_n
     assert {s: v for s, (v, _) in secs.items()} == {"a": 400.0, "b": 720.0, "language_stability": 0.0}
     text = budget.block(t, dvc)
     assert "**Measured as one run, cpu profile: 21 minutes**" in text       # (120 + 400 + 1 + 720) / 60 = 20.7
-    assert "a plain `dvc repro`" in text and "`make setup` (2.0 min)" in text
+    assert "a plain `dvc repro`, as `make repro` runs it, which ran every stage" in text
+    assert "`make setup` (2.0 min)" in text and "(stages 19 minutes)" in text               # (400 + 720) / 60
+    mixed = log.replace("23:58:42 STAGE b\n", "") + "00:10:42 START force:b\n00:22:42 END force:b rc=0 seconds=720\n"
+    (t / "fresh_clone.log").write_text(mixed)                           # b rebuilt in a step of its own after it
+    assert budget.full_rebuild(t, budget.stages(dvc))["steps"] == {"setup": 120.0, "a": 400.0,
+                                                                  "language_stability": 1122.0 - 401.0, "b": 720.0}
+    assert "which ran `a`, `language_stability` (each timed" in budget.block(t, dvc)
     (t / "fresh_clone.log").write_text(log.replace("23:58:42 STAGE b\n", ""))
     assert budget.full_rebuild(t, budget.stages(dvc)) is None              # stage b never started
     (t / "fresh_clone.log").write_text(log.replace("END repro rc=0", "END repro rc=1"))
