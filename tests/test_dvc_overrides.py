@@ -1,12 +1,10 @@
 """Every override the docs document works as typed: each `dvc exp run` line of docs/profiles.md's
 "Changing a parameter" block is run with --dry in a throw-away git copy of the working tree."""
-import importlib.util
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,42 +14,6 @@ from tests import ROOT
 DVC = str(Path(sys.executable).parent / "dvc") if (Path(sys.executable).parent / "dvc").exists() else shutil.which("dvc") or "dvc"
 #: stages that need a zoo `make repro` trains and caches (absent from a fresh copy)
 NEEDS_ZOO = {"vision", "language", "language_stability", "ablations"}
-
-
-#: ``dvc ARGS`` as its console script runs it (``dvc.cli.main``), with one change that moves no decision: a dry run
-#: parses dvc.yaml, dvc.lock and params.yaml some 29 times with ruamel's pure-Python parser (about 40 % of its CPU
-#: time); here each distinct text is parsed once and every caller gets its own deep copy of that parse (a text that
-#: fails to parse goes to dvc's parser as before, for dvc's own error). Another dvc layout runs unchanged.
-DVC_MAIN = textwrap.dedent("""
-    import copy, functools, sys
-    try:
-        from dvc.utils import strictyaml
-        from dvc.utils.serialize import _yaml
-        _parse = _yaml.parse_yaml if strictyaml.parse_yaml is _yaml.parse_yaml else None
-    except (ImportError, AttributeError):
-        _parse = None
-    if _parse is not None:
-        @functools.lru_cache(maxsize=None)
-        def _parsed(text, typ):
-            return _parse(text, "", typ)
-
-        def parse_yaml(text, path, typ="safe"):
-            try:
-                data = _parsed(text, typ)
-            except Exception:
-                return _parse(text, path, typ)
-            return copy.deepcopy(data)
-
-        _yaml.parse_yaml = strictyaml.parse_yaml = parse_yaml
-    from dvc.cli import main
-    sys.exit(main(sys.argv[1:]))
-""")
-
-
-def dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """Run ``dvc *args`` in ``cwd`` (through :data:`DVC_MAIN` where this interpreter has dvc, else the executable)."""
-    cmd = [sys.executable, "-c", DVC_MAIN] if importlib.util.find_spec("dvc") is not None else [DVC]
-    return subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def documented_commands() -> list[str]:
@@ -86,7 +48,8 @@ def repo_copy(tmp_path_factory):
 def test_documented_override_runs_dry(cmd, repo_copy):
     args = shlex.split(cmd)
     stage = args[-1]
-    res = dvc([*args[1:3], "--dry", *args[3:]], repo_copy)
+    res = subprocess.run([DVC, *args[1:3], "--dry", *args[3:]], cwd=repo_copy, capture_output=True, text=True,
+                         timeout=600)
     out = res.stdout + res.stderr
     assert "Could not override" not in out and "Invalid `--set-param`" not in out, out
     if stage in NEEDS_ZOO and res.returncode != 0:
@@ -99,5 +62,6 @@ def test_documented_override_runs_dry(cmd, repo_copy):
 @pytest.mark.slow
 def test_plain_override_of_an_unstated_profile_key_is_refused_by_dvc(repo_copy):
     """Why docs/profiles.md documents `++`: DVC cannot override a key an empty profile section lacks."""
-    res = dvc(["exp", "run", "--dry", "-S", "toy.cpu.n_grid=100", "toy"], repo_copy)
+    res = subprocess.run([DVC, "exp", "run", "--dry", "-S", "toy.cpu.n_grid=100", "toy"], cwd=repo_copy,
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode != 0 and "Could not override" in res.stdout + res.stderr
