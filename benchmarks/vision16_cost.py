@@ -198,7 +198,7 @@ def recorded_seconds(root: Path = Path(".")) -> dict[str, float]:
 @functools.lru_cache(maxsize=None)
 def _stage_settings(profile: str):
     """``(vision_train, vision, vision16_pilot settings, members' draws per stream)`` of a profile (read once)."""
-    from companion.experiments import vision_pilot as vp
+    from companion.pilots import vision as vp
     from companion.experiments import vision_report as vr
     from companion.experiments import vision_zoo as vz
     from companion.params import settings

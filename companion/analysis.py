@@ -21,7 +21,13 @@ how large a τ the data could show are computed one way.
   Monte Carlo power, and the minimum Δ it detects with a given power (bisection on :func:`delta_power`).
 * :func:`spearman_brown` / :func:`spearman_brown_factor` — the retest of a mean of ``k`` parallel
   measurements (on the Pearson scale ``r = sin(πτ/2)``), and the ``k`` a target retest needs;
-  :func:`retest_by_subsets` — the measured retest against the number of batches averaged.
+  :func:`retest_by_subsets` — the measured retest against the number of batches averaged;
+  :func:`step_up` — the same step on the Pearson scale (a reliability, not a retest τ).
+* :func:`variance_components`, :func:`component_reliability`, :func:`component_retest`, :func:`batches_for`,
+  :func:`all_splits_retest`, :func:`batch_retest` — a measure's per-batch values over members as a two-way
+  (members × batches) table: the member and residual variance components, the reliability and retest they
+  predict for a mean over ``k`` batches, the batches a target retest needs, and the measured retest (one
+  split and every split) beside them. The pilots choose their protocols with these.
 * :func:`tau_curve`, :func:`retest_table` — τ against the radius ρ for every measure of a long
   frame (columns ``model, measure, rho, value``), and the test–retest table of two such frames.
 """
@@ -259,10 +265,16 @@ def spearman_brown(retest_tau: float, k: float) -> float:
     0; a non-finite retest or ``k`` ≤ 0 gives NaN."""
     if not math.isfinite(retest_tau) or not k > 0:
         return float("nan")
-    r = math.sin(math.pi * retest_tau / 2)
+    return float(2 / math.pi * math.asin(step_up(math.sin(math.pi * retest_tau / 2), k)))
+
+
+def step_up(r: float, k: float) -> float:
+    """Spearman–Brown on the Pearson scale: the reliability of a mean over ``k`` times as many parallel units as
+    the one of reliability ``r``, k·r / (1 + (k − 1)·r) (``k`` may be fractional); a reliability ≤ 0 (no signal)
+    gives 0."""
     if r <= 0:
         return 0.0
-    return float(2 / math.pi * math.asin(k * r / (1 + (k - 1) * r)))
+    return k * r / (1 + (k - 1) * r)
 
 
 def spearman_brown_factor(retest_tau: float, target_tau: float) -> float:
@@ -304,6 +316,75 @@ def retest_by_subsets(first: np.ndarray, second: np.ndarray, sizes: Sequence[int
         taus = tau_rows(a, b)
         rows.append(dict(k=int(k), tau=float(np.mean(taus)), tau_sd=float(np.std(taus)), n_draws=draws))
     return pd.DataFrame(rows)
+
+
+def variance_components(v: np.ndarray) -> tuple[float, float]:
+    """``(s_m, s_e)`` of the two-way (members × batches) table ``log v``: the member variance and the residual
+    (member × batch interaction plus solver noise) variance, by the method of moments (``s_m`` clipped at 0)."""
+    x = np.log(np.maximum(np.asarray(v, dtype=float), np.finfo(float).tiny))
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 2:
+        raise ValueError(f"v must be a [members >= 2, batches >= 2] array, got shape {x.shape}")
+    n_m, n_b = x.shape
+    resid = x - x.mean(1, keepdims=True) - x.mean(0, keepdims=True) + x.mean()
+    ms_e = float((resid ** 2).sum() / ((n_m - 1) * (n_b - 1)))
+    ms_m = float(n_b * x.mean(1).var(ddof=1))
+    return max(0.0, (ms_m - ms_e) / n_b), ms_e
+
+
+def component_reliability(s_m: float, s_e: float, k: float) -> float:
+    """Pearson reliability of a member's mean over ``k`` batches from the variance components: s_m / (s_m + s_e/k)
+    (0 without member variance)."""
+    return s_m / (s_m + s_e / k) if s_m > 0 else 0.0
+
+
+def component_retest(s_m: float, s_e: float, k: float) -> float:
+    """The Kendall τ two disjoint means over ``k`` batches each reach (bivariate normal, Greiner's relation:
+    (2/π)·arcsin of :func:`component_reliability`)."""
+    return float(2 / math.pi * math.asin(component_reliability(s_m, s_e, k)))
+
+
+def batches_for(s_m: float, s_e: float, target: float) -> float:
+    """Batches per half whose :func:`component_retest` reaches the retest τ ``target`` (Spearman–Brown; inf
+    without member variance)."""
+    if s_m <= 0:
+        return math.inf
+    r = math.sin(math.pi * target / 2)
+    return r / (1 - r) * s_e / s_m
+
+
+def all_splits_retest(v: np.ndarray, k: int) -> float:
+    """Mean Kendall τ-b between the members' means over two disjoint sets of ``k`` batches of ``v`` (``[members,
+    batches]``), over every such pair of sets (the measured retest without the luck of one split)."""
+    import itertools
+
+    v = np.asarray(v, dtype=float)
+    n = v.shape[1]
+    if not 1 <= k <= n // 2:
+        raise ValueError(f"k = {k}: two disjoint sets of k batches need 1 <= k <= {n // 2} ({n} batches)")
+    taus = []
+    for a in itertools.combinations(range(n), k):
+        rest = [i for i in range(n) if i not in a]
+        for b in itertools.combinations(rest, k):
+            if b[0] > a[0]:
+                taus.append(stats.kendalltau(v[:, list(a)].mean(1), v[:, list(b)].mean(1)).statistic)
+    return float(np.mean(taus))
+
+
+def batch_retest(v: np.ndarray, k: int, *, target: float) -> dict:
+    """The retest of a mean over ``k`` batches of ``v`` (``[members, 2h]``: half A the first ``h`` batches, half B
+    the rest), measured and predicted: ``retest`` (τ-b between the means over the first ``k`` batches of each
+    half), ``retest_splits`` (:func:`all_splits_retest`), ``retest_vc`` (:func:`component_retest`), the variance
+    components ``s_member``, ``s_resid``, their ratio ``noise_ratio`` and ``batches_for_target``
+    (:func:`batches_for` ``target``)."""
+    v = np.asarray(v, dtype=float)
+    h = v.shape[1] // 2
+    if not 1 <= k <= h:
+        raise ValueError(f"k = {k} batches per half: the halves hold {h}; choose 1..{h}")
+    s_m, s_e = variance_components(v)
+    return dict(retest=float(stats.kendalltau(v[:, :k].mean(1), v[:, h:h + k].mean(1)).statistic),
+                retest_splits=all_splits_retest(v, k), retest_vc=component_retest(s_m, s_e, k),
+                s_member=s_m, s_resid=s_e, noise_ratio=s_e / s_m if s_m > 0 else math.inf,
+                batches_for_target=batches_for(s_m, s_e, target))
 
 
 def _null_z(tau: np.ndarray, n: int) -> np.ndarray:

@@ -11,6 +11,9 @@ from typing import Any, Mapping
 
 #: The three measures of Table 1, in its column order (``hideseek.Measure(...).name``).
 TABLE1_MEASURES: tuple[str, ...] = ("adaptive", "geodesic_invariant", "geodesic_mixed")
+#: The paper's comparison: each geodesic measure against the baseline, adaptive sharpness.
+BASELINE: str = TABLE1_MEASURES[0]
+GEODESIC: tuple[str, ...] = TABLE1_MEASURES[1:]
 
 
 def _frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:

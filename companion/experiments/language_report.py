@@ -6,7 +6,7 @@ writes the stage's metrics (layout: :mod:`companion.metrics`) and data tables:
 **Primary comparison (pre-registered).** The paper's three measures
 (:data:`companion.experiments.zoo.STANDARD`) at the radii ``rho`` written into ``params.yaml``
 before the main zoo was measured (chosen on pilot members by test–retest,
-:mod:`companion.experiments.language_pilot`), on **all** members, ``n_points`` training
+:mod:`companion.pilots.language`), on **all** members, ``n_points`` training
 pairs in batches of ``batch_size``, ``n_iters`` Auto-PGD iterations; Kendall τ against the
 in-distribution gap (dev − train error) with a bootstrap interval. Beside each τ: the
 measure's test–retest (τ between its values on the first and the second half of the
@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 
 from companion import analysis
-from companion.experiments import language_pilot as lp
 from companion.experiments import language_zoo as lz
 from companion.experiments.correlation import kendall_tau
 from companion.experiments.zoo import STANDARD, measure_zoo, per_batch_halves, tau_vs_rho
@@ -125,7 +124,7 @@ def measure_primary(s: LanguageSettings, names: list[str], *, progress: bool = T
     """The three measures at their pre-registered radii on every member, all ``n_points`` pairs."""
     if s.rho is None:
         raise ValueError("language.rho is null: the radii are pre-registered from the pilot "
-                         "(python -m companion.experiments.language_pilot) before the main zoo is measured; "
+                         "(python -m companion.pilots.language) before the main zoo is measured; "
                          "write them into params.yaml first")
     missing = set(STANDARD) - set(s.rho)
     if missing:
@@ -164,8 +163,8 @@ def primary_table(s: LanguageSettings, frame: pd.DataFrame, members: pd.DataFram
             ci_high=t.ci_high, pvalue=t.pvalue, n=t.n, paper=lz.PAPER_TAU[name], retest=rt.tau,
             retest_ci_low=rt.ci_low, retest_ci_high=rt.ci_high, reliability=rel, gap_reliability=gap_rel,
             ceiling=analysis.ceiling(rel, gap_rel) if known else math.nan,
-            power=lp.power(t.n, lz.PAPER_TAU[name], rel, max(gap_rel, 0.0), alpha=s.power_alpha,
-                           n_sim=s.power_n_sim, seed=s.seed) if known else math.nan))
+            power=analysis.power(t.n, lz.PAPER_TAU[name], rel, max(gap_rel, 0.0), alpha=s.power_alpha,
+                                 n_sim=s.power_n_sim, seed=s.seed) if known else math.nan))
     return pd.DataFrame(rows)
 
 
@@ -174,7 +173,13 @@ def gap_reliability(s: LanguageSettings, members: pd.DataFrame) -> float | None:
     errors = lz.source(s.zoo_dir).eval_errors(list(members.index))
     if errors is None:
         return None
-    return lp.split_half_reliability(errors, members["train_error"].to_numpy(), n_splits=s.gap_splits, seed=s.seed)
+    return split_half(errors, members["train_error"].to_numpy(), s)
+
+
+def split_half(errors: np.ndarray, train_error: np.ndarray, s) -> float:
+    """The gap's split-half reliability across members (:func:`companion.analysis.gap_reliability`: ``s.gap_splits``
+    random halves of the evaluation pairs from ``s.seed``, each stepped up by Spearman–Brown, their mean)."""
+    return analysis.gap_reliability(errors, train_error, seed=s.seed, n_splits=s.gap_splits).split_half
 
 
 # --------------------------------------------------------------------------- exploratory

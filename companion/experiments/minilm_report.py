@@ -26,10 +26,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from companion import paper
-from companion.experiments import language_pilot as lp
+from companion import analysis, paper
 from companion.experiments import language_report as lr
-from companion.experiments import minilm_pilot as mp
 from companion.experiments import minilm_zoo as mz
 from companion.experiments.zoo import STANDARD, measure_zoo
 
@@ -93,7 +91,7 @@ def measure_primary(s: MiniLMSettings, src: mz.MiniLMZoo, names: list[str], *, p
     """The three measures at their pre-registered radii on every member, all ``n_points`` pairs."""
     if s.rho is None:
         raise ValueError("minilm.rho is null: the radii are pre-registered by the pilot "
-                         "(python -m companion.experiments.minilm_pilot) before the main zoo is measured")
+                         "(python -m companion.pilots.minilm) before the main zoo is measured")
     missing = set(STANDARD) - set(s.rho)
     if missing:
         raise ValueError(f"minilm.rho has no pre-registered radius for {sorted(missing)}")
@@ -116,8 +114,8 @@ def paired_settings(s: MiniLMSettings, data_dir: str | Path):
     p = s.paired
     return pr.PairedSettings(
         rows={STAGE: pr.RowSpec(row="language", layout="language", data=str(data_dir), comparison="primary")},
-        baseline=mp.BASELINE,
-        geodesic=list(mp.GEODESIC), n_boot=p.n_boot, seed=p.seed, confidence=p.confidence,
+        baseline=paper.BASELINE,
+        geodesic=list(paper.GEODESIC), n_boot=p.n_boot, seed=p.seed, confidence=p.confidence,
         power=pr.PowerSettings(n_sim=p.power_n_sim, n_boot=p.power_n_boot, seed=p.seed), mde=None,
         retest_splits=pr.SplitSettings(n_splits=p.retest_splits, seed=p.seed),
         exploratory=pr.ExploratorySettings(row=STAGE, factors=[], control="train_error"))
@@ -141,7 +139,6 @@ def delta_table_without_power(rd, ps) -> pd.DataFrame:
     """The paired Δτ, its interval, the paper's Δ and the verdict as :func:`companion.experiments.paired.delta_table`
     computes them, for a row where a measure's reliability is 0 (its retest shows no signal): the power's Monte Carlo
     cannot disattenuate the correlation of the two measures then, so the power is NaN (said in ``power_note``)."""
-    from companion import analysis
     from companion.experiments import paired as pr
 
     gap, base = rd.members["gap"].to_numpy(), ps.baseline
@@ -248,7 +245,7 @@ def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "c
     t0 = time.perf_counter()
     frame = measure_primary(s, src, names, progress=progress)
     errors = src.eval_errors(names)
-    gap_rel = lp.split_half_reliability(errors, members["train_error"].to_numpy(), n_splits=s.gap_splits, seed=s.seed)
+    gap_rel = lr.split_half(errors, members["train_error"].to_numpy(), s)
     primary = lr.primary_table(s, frame, members, gap_rel)
     subsets = lr.explore_subsets(s, frame, members)
     rep = MiniLMReport(s, src.meta["setting"], members, frame, primary, pd.DataFrame(), subsets, {}, "",

@@ -22,7 +22,7 @@ mixup. The ``cpu`` analogue here keeps that shape:
 * **Fine-tuning.** Every member trains on the *whole* pool and draws learning rate, weight
   decay, epochs, batch size, label smoothing, augmentation (random pixel shifts, Gaussian
   input noise) and mixup from ``ranges``; AdamW with a cosine schedule.
-* **Streams.** Members of the main zoo and of the pilot (:mod:`.vision_pilot`) share the
+* **Streams.** Members of the main zoo and of the pilot (:mod:`companion.pilots.vision`) share the
   pre-trained start and the recipe but draw from different random streams
   (``stream`` 0 and 1), so no pilot member is a member of the main zoo.
 * **Sharpness sets.** The first ``n`` pool images (training images with their labels, the
@@ -60,7 +60,7 @@ from companion.experiments.glyphs import GlyphSpec, generate
 STAGE = "vision_train"
 TIMINGS = Path("reports/timings/vision_train.json")
 #: Random streams of the members (see the module docstring); ``minima_pilot``: the pilot of the fit criterion
-#: (:mod:`.vision_minima_pilot`, reports/preregistration/vision_minima.md).
+#: (:mod:`companion.pilots.vision_minima`, reports/preregistration/vision_minima.md).
 STREAMS = {"main": 0, "pilot": 1, "minima_pilot": 2}
 
 

@@ -73,7 +73,7 @@ def test_table1_omits_a_skipped_stability_line(tmp_path):
 
 
 def test_language_pilot_budget_ignores_a_skipped_stability_file():
-    from companion.experiments.language_pilot import stability_seconds
+    from companion.pilots.language import stability_seconds
 
     assert stability_seconds({"profile": "cpu", "skipped": st.SKIPPED, "table1": []}) is None
     ran = {"seconds": {"zoo_0": {"train": 1.0, "measure": 2.0}, "zoo_1": {"train": 3.0, "measure": 4.0}}}

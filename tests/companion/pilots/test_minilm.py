@@ -1,4 +1,4 @@
-"""The MiniLM pilot's rules and its power of the paired Δτ (companion.experiments.minilm_pilot)."""
+"""The MiniLM pilot's rules and its power of the paired Δτ (companion.pilots.minilm)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from companion import paper
-from companion.experiments import minilm_pilot as mp
+from companion.pilots import minilm as mp
 
 POWER = dict(n_sim=60, n_boot=200, confidence=0.95, seed=0)
 
@@ -58,9 +58,7 @@ def test_choose_rho_follows_the_ratio_rule_then_the_retest():
     assert mp.choose_rho(table, diag, s) == {"adaptive": 0.1, "geodesic_mixed": 0.01, "geodesic_invariant": 0.06}
 
 
-def test_reliability_and_paper_delta():
-    assert mp.reliability(1.0, 1.0, 1) == pytest.approx(0.5)
-    assert mp.reliability(1.0, 1.0, 4) == pytest.approx(0.8)
+def test_paper_delta():
     tau = paper.table1_tau("language")
     assert mp.paper_delta() == pytest.approx({g: tau[g] - tau["adaptive"] for g in mp.GEODESIC})
 

@@ -5,7 +5,7 @@ pilot trained anything; settings in ``params.yaml``, section ``vision_minima_pil
 
 Pilot members are fine-tuned from the start the candidate recipe pre-trains (the zoo's own start: it depends
 only on the pre-training settings, the data and the seed) with hyperparameters and seeds from a stream of
-their own (``minima_pilot`` in :data:`.vision_zoo.STREAMS`), so none is a zoo member:
+their own (``minima_pilot`` in :data:`companion.experiments.vision_zoo.STREAMS`), so none is a zoo member:
 
 * ``n_slow`` **slow corners** (:func:`corner`): every range at the end that makes fitting hardest (smallest
   learning rate, largest weight decay, fewest epochs, largest batch, largest label smoothing, the largest
@@ -16,14 +16,14 @@ their own (``minima_pilot`` in :data:`.vision_zoo.STREAMS`), so none is a zoo me
 Each candidate is a list of ``vision_train`` overrides of the cpu profile, applied on top of ``base_overrides``
 (the recipe in force when the pilot ran, spelled out). The candidates are tried in their
 order; the pilot stops at the first under which every pilot member's train error (eval mode, whole pool,
-unaugmented: :func:`.vision_zoo.error_rate`, as the zoo records it) is at most ``max_train_error`` and whose
+unaugmented: :func:`companion.experiments.vision_zoo.error_rate`, as the zoo records it) is at most ``max_train_error`` and whose
 projected ``vision_train`` time (:func:`projection`) is within ``budget_minutes``. **The pilot computes train
 errors and CPU seconds only: no test error, no gap, no sharpness.**
 
 The pilot trains with the CPU kernels ``vision_train`` pins (the recipe's ``cpu_kernels``; the command restarts
 itself with them, :func:`companion.kernels.reexec`), so its train errors are the same on any x86-64 processor.
 
-``python -m companion.experiments.vision_minima_pilot`` writes ``reports/pilots/vision_minima.json`` and the
+``python -m companion.pilots.vision_minima`` writes ``reports/pilots/vision_minima.json`` and the
 markdown generated from it; ``--render-only`` regenerates the markdown from the JSON.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ class MinimaPilot:
 
 
 def corner(r, which: str):
-    """The :class:`.vision_zoo.Hparams` at a corner of the ranges ``r``: ``slow`` (hardest to fit) or ``fast``."""
+    """The :class:`companion.experiments.vision_zoo.Hparams` at a corner of the ranges ``r``: ``slow`` (hardest to fit) or ``fast``."""
     from companion.experiments.vision_zoo import Hparams
 
     if which == "slow":
@@ -89,7 +89,7 @@ def corner(r, which: str):
 def pilot_members(s, p: MinimaPilot) -> list[dict]:
     """The pilot's members under the recipe ``s``: ``[{"name", "role", "hparams", "seed"}]``.
 
-    Draws ``n_drawn + n_slow + n_fast`` members of ``p.stream`` (:func:`.vision_zoo.member_draws`): the first
+    Draws ``n_drawn + n_slow + n_fast`` members of ``p.stream`` (:func:`companion.experiments.vision_zoo.member_draws`): the first
     ``n_drawn`` are the drawn members; the corners take the fine-tuning seeds of the rest (their
     hyperparameters are the corners').
     """
@@ -122,7 +122,7 @@ def _data(s):
 
 
 def pretrain_start(s) -> tuple[dict, dict]:
-    """The shared start of the recipe ``s`` (as :func:`.vision_zoo.pretrain`, without its test error):
+    """The shared start of the recipe ``s`` (as :func:`companion.experiments.vision_zoo.pretrain`, without its test error):
     ``(state_dict, record)``; the record holds the pool error of the centroid head and the CPU seconds."""
     from companion.experiments import vision_zoo as vz
 
@@ -378,7 +378,7 @@ def render_markdown(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m companion.experiments.vision_minima_pilot",
+    ap = argparse.ArgumentParser(prog="python -m companion.pilots.vision_minima",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default=str(OUT))
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from companion import kernels
     from companion.experiments import vision_zoo as vz
-    from companion.experiments.minilm_power import write_pilot_report
+    from companion.pilots.common import write_pilot_report
 
     try:
         p = settings(MinimaPilot, STAGE, "cpu", args.overrides)
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ParamsError, ValueError) as exc:
         ap.error(str(exc))
     if not (args.render_only or args.calibrate):   # the kernels vision_train runs: restart once with them pinned
-        kernels.reexec(levels.pop(), "companion.experiments.vision_minima_pilot", argv)
+        kernels.reexec(levels.pop(), "companion.pilots.vision_minima", argv)
     out = Path(args.out)
     if args.render_only or args.calibrate:
         report = json.loads((out / f"{p.report}.json").read_text())

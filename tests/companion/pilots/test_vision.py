@@ -1,10 +1,10 @@
-"""companion.experiments.vision_pilot: the pre-registration rules on synthetic pilot data (no training)."""
+"""companion.pilots.vision: the pre-registration rules on synthetic pilot data (no training)."""
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
 
-from companion.experiments import vision_pilot as vp
+from companion.pilots import vision as vp
 from companion.params import settings
 
 

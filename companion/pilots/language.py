@@ -29,7 +29,7 @@ the report proposes; params.yaml's ``language`` section records what was chosen.
 
 Command line::
 
-    python -m companion.experiments.language_pilot --out reports/pilots/language.json
+    python -m companion.pilots.language --out reports/pilots/language.json
 
 (section ``language_pilot`` of ``params.yaml``; the pilot zoo is trained beforehand by
 ``python -m companion.experiments.language_zoo train --out <zoo_dir> --set finetune.n_models=…
@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from companion import analysis
 from companion.experiments import language_zoo as lz
 
 
@@ -115,69 +116,22 @@ def _values(frame: pd.DataFrame) -> np.ndarray:
     return np.array([list(pb) for pb in frame["per_batch"]], dtype=float)
 
 
-def variance_components(v: np.ndarray) -> tuple[float, float]:
-    """``(s_m, s_e)`` of the two-way (members x batches) table ``log v``: member variance and
-    residual (member x batch interaction plus solver noise) variance, method of moments."""
-    x = np.log(np.maximum(v, np.finfo(float).tiny))
-    n_m, n_b = x.shape
-    resid = x - x.mean(1, keepdims=True) - x.mean(0, keepdims=True) + x.mean()
-    ms_e = float((resid ** 2).sum() / ((n_m - 1) * (n_b - 1)))
-    ms_m = float(n_b * x.mean(1).var(ddof=1))
-    return max(0.0, (ms_m - ms_e) / n_b), ms_e
-
-
-def vc_retest(s_m: float, s_e: float, k: int) -> float:
-    """Kendall τ two disjoint means over ``k`` batches reach (bivariate normal, reliability r_k)."""
-    if s_m <= 0:
-        return 0.0
-    r = s_m / (s_m + s_e / k)
-    return float(2 / math.pi * math.asin(r))
-
-
-def batches_for(s_m: float, s_e: float, target: float) -> float:
-    """Batches per half whose variance-component retest reaches ``target`` (Spearman–Brown)."""
-    if s_m <= 0:
-        return math.inf
-    r = math.sin(math.pi * target / 2)
-    return r / (1 - r) * s_e / s_m
-
-
-def split_retest(v: np.ndarray, k: int) -> float:
-    """Mean Kendall τ between the means over two disjoint sets of ``k`` batches, over every such pair
-    of sets (the direct retest without the luck of one split)."""
-    import itertools
-
-    taus = []
-    n = v.shape[1]
-    for a in itertools.combinations(range(n), k):
-        rest = [i for i in range(n) if i not in a]
-        for b in itertools.combinations(rest, k):
-            if b[0] > a[0]:
-                taus.append(stats.kendalltau(v[:, list(a)].mean(1), v[:, list(b)].mean(1)).statistic)
-    return float(np.mean(taus))
-
-
 def retest_table(frame: pd.DataFrame, s: PilotSettings, fitted: Sequence[str]) -> pd.DataFrame:
-    """One row per (measure, rho, n_iters, pairs per half): direct and variance-component retest over
-    the ``fitted`` members (a member that did not fit its training set sits apart from the others on
-    every batch and would inflate both), and the direct retest over all members (``retest_all``)."""
+    """One row per (measure, rho, n_iters, pairs per half): :func:`companion.analysis.batch_retest` over the
+    ``fitted`` members (a member that did not fit its training set sits apart from the others on every batch and
+    would inflate both), and the direct retest over all members (``retest_all``)."""
     rows = []
     for (measure, rho, n_iters), g_all in frame.groupby(["measure", "rho", "n_iters"], sort=False):
         v_all = _values(g_all)
         g = g_all[g_all["model"].isin(list(fitted))]
         v = _values(g)
         h = v.shape[1] // 2    # batches per half of this measurement
-        s_m, s_e = variance_components(v)
         for pairs in (p for p in s.pairs if p // s.batch_size <= h):
             k = pairs // s.batch_size
-            a, b = v[:, :k].mean(1), v[:, h:h + k].mean(1)
             a_all, b_all = v_all[:, :k].mean(1), v_all[:, h:h + k].mean(1)
             rows.append(dict(measure=measure, rho=float(rho), n_iters=int(n_iters), pairs=pairs,
-                             retest=float(stats.kendalltau(a, b).statistic), retest_vc=vc_retest(s_m, s_e, k),
-                             retest_splits=split_retest(v, k),
+                             **analysis.batch_retest(v, k, target=s.target),
                              retest_all=float(stats.kendalltau(a_all, b_all).statistic),
-                             s_member=s_m, s_resid=s_e, noise_ratio=s_e / s_m if s_m > 0 else math.inf,
-                             batches_for_target=batches_for(s_m, s_e, s.target),
                              grad_evals=2 * k * int(n_iters),
                              seconds_per_batch_iter=float(g["seconds"].sum() / (v.size * n_iters))))
     return pd.DataFrame(rows)
@@ -189,12 +143,12 @@ def base_loss_retest(frame: pd.DataFrame, s: PilotSettings, fitted: Sequence[str
     g = frame[(frame["measure"] == frame["measure"].iloc[0]) & (frame["rho"] == frame["rho"].iloc[0])
               & frame["model"].isin(list(fitted))]
     v = np.array([list(b) for b in g["base_loss"]], dtype=float)
-    s_m, s_e = variance_components(v)
+    s_m, s_e = analysis.variance_components(v)
     k = max(s.pairs) // s.batch_size
     a, b = v[:, :k].mean(1), v[:, s.n_half:s.n_half + k].mean(1)
-    return {"retest": float(stats.kendalltau(a, b).statistic), "retest_vc": vc_retest(s_m, s_e, k),
-            "retest_vc_one_batch": vc_retest(s_m, s_e, 1), "noise_ratio": s_e / s_m if s_m > 0 else math.inf,
-            "pairs": max(s.pairs)}
+    return {"retest": float(stats.kendalltau(a, b).statistic), "retest_vc": analysis.component_retest(s_m, s_e, k),
+            "retest_vc_one_batch": analysis.component_retest(s_m, s_e, 1),
+            "noise_ratio": s_e / s_m if s_m > 0 else math.inf, "pairs": max(s.pairs)}
 
 
 def choose_rho(table: pd.DataFrame, s: PilotSettings) -> dict[str, float]:
@@ -230,38 +184,10 @@ def dev_errors(zoo_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return errors, np.array([m["train_error"] for m in zoo["models"]])
 
 
-def split_half_reliability(test_err: np.ndarray, train_err: np.ndarray, *, n_splits: int, seed: int) -> float:
-    """Reliability of the gap (mean test error − train error) across members: the Pearson
-    correlation of the gaps on two random halves of the shared evaluation pairs, averaged over
-    ``n_splits`` splits, stepped up by Spearman–Brown (NaN when no split varies)."""
-    rng = np.random.default_rng(seed)
-    n = test_err.shape[1]
-    rs = []
-    for _ in range(n_splits):
-        perm = rng.permutation(n)
-        g1 = test_err[:, perm[: n // 2]].mean(1) - train_err
-        g2 = test_err[:, perm[n // 2:]].mean(1) - train_err
-        rs.append(float(np.corrcoef(g1, g2)[0, 1]) if g1.std() > 0 and g2.std() > 0 else math.nan)
-    r = float(np.nanmean(rs)) if np.isfinite(rs).any() else math.nan
-    return 2 * r / (1 + r) if r > -1 else math.nan
-
-
-def power(n: int, tau: float, retest_tau: float, rel_y: float, *, alpha: float, n_sim: int, seed: int) -> float:
-    """Fraction of simulated zoos of ``n`` members in which Kendall's test (two-sided, level
-    ``alpha``) finds the correlation: latent pairs with Kendall τ = ``tau`` (Pearson
-    sin(πτ/2)), the measure observed with reliability sin(π·retest/2), the gap with ``rel_y``."""
-    rng = np.random.default_rng(seed)
-    r = math.sin(math.pi * tau / 2)
-    rel_x = math.sin(math.pi * retest_tau / 2)
-    hits = 0
-    for _ in range(n_sim):
-        z = rng.standard_normal((2, n))
-        x_true, y_true = z[0], r * z[0] + math.sqrt(1 - r * r) * z[1]
-        noise = rng.standard_normal((2, n))
-        x = math.sqrt(rel_x) * x_true + math.sqrt(1 - rel_x) * noise[0]
-        y = math.sqrt(rel_y) * y_true + math.sqrt(1 - rel_y) * noise[1]
-        hits += stats.kendalltau(x, y).pvalue < alpha
-    return hits / n_sim
+def gap_reliability(test_err: np.ndarray, train_err: np.ndarray, s: PilotSettings) -> float:
+    """The gap's split-half reliability across members (:func:`companion.analysis.gap_reliability`, ``s.gap_splits``
+    splits from ``s.seed``)."""
+    return analysis.gap_reliability(test_err, train_err, seed=s.seed, n_splits=s.gap_splits).split_half
 
 
 # --------------------------------------------------------------------------- the pilot
@@ -287,8 +213,8 @@ def run(s: PilotSettings) -> dict:
     table = retest_table(pd.concat(frames, ignore_index=True), s, fitted)
     test_err, train_err = dev_errors(s.zoo_dir)
     fit = train_err <= s.max_train_error
-    rel = {"all": split_half_reliability(test_err, train_err, n_splits=s.gap_splits, seed=s.seed),
-           "fitted": split_half_reliability(test_err[fit], train_err[fit], n_splits=s.gap_splits, seed=s.seed)}
+    rel = {"all": gap_reliability(test_err, train_err, s),
+           "fitted": gap_reliability(test_err[fit], train_err[fit], s)}
     protocol = smallest_protocol(table, rho, s.target)
     return {"extrapolated": extrapolated_protocols(table, rho, s),"settings": asdict(s), "n_members": len(seeds), "seeds": seeds, "n_fitted": len(fitted),
             "train_error": train_err.tolist(), "n_dev": int(test_err.shape[1]),
@@ -304,8 +230,8 @@ def power_table(rel_y: float, s: PilotSettings) -> list[dict]:
     for measure, tau in lz.PAPER_TAU.items():
         for n in s.power_members:
             rows.append(dict(measure=measure, paper_tau=tau, retest=s.target, gap_reliability=rel_y, n=n,
-                             power=power(n, tau, s.target, rel_y, alpha=s.power_alpha, n_sim=s.power_n_sim,
-                                         seed=s.seed)))
+                             power=analysis.power(n, tau, s.target, rel_y, alpha=s.power_alpha,
+                                                  n_sim=s.power_n_sim, seed=s.seed)))
     return rows
 
 
@@ -357,7 +283,7 @@ def largest_protocol(report: dict, batches_per_half: int) -> dict:
     best = None
     for n_iters, g in at.groupby("n_iters"):
         comp = g.groupby("measure")[["s_member", "s_resid"]].first()
-        pred = {m: vc_retest(r.s_member, r.s_resid, batches_per_half) for m, r in comp.iterrows()}
+        pred = {m: analysis.component_retest(r.s_member, r.s_resid, batches_per_half) for m, r in comp.iterrows()}
         if best is None or min(pred.values()) > min(best["predicted_retest"].values()):
             best = {"n_iters": int(n_iters), "batches_per_half": batches_per_half,
                     "pairs_per_half": batches_per_half * int(report["settings"]["batch_size"]),
@@ -378,7 +304,7 @@ def preregistration(report: dict, reference: dict, stability: dict | None, s: Pi
         protocol = largest_protocol(report, s.max_batches_per_half)   # the power at its predicted retest
         rel_y = report["gap_reliability"]["all"]
         rows = [dict(measure=m, paper_tau=tau, retest=protocol["predicted_retest"][m], gap_reliability=rel_y, n=n,
-                     power=power(n, tau, protocol["predicted_retest"][m], rel_y, alpha=s.power_alpha,
+                     power=analysis.power(n, tau, protocol["predicted_retest"][m], rel_y, alpha=s.power_alpha,
                                  n_sim=s.power_n_sim, seed=s.seed))
                 for m, tau in lz.PAPER_TAU.items() for n in s.power_members]
     power_ = pd.DataFrame(rows).pivot(index="n", columns="measure", values="power")
@@ -465,7 +391,7 @@ def _preregistration_lines(pre: dict) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     from companion.params import settings
 
-    ap = argparse.ArgumentParser(prog="python -m companion.experiments.language_pilot",
+    ap = argparse.ArgumentParser(prog="python -m companion.pilots.language",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports/pilots/language.json")
     ap.add_argument("--profile", default=None)

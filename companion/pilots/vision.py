@@ -1,7 +1,7 @@
 """Vision pilot: the test-set size and each measure's radius, chosen before the main zoo is measured.
 
 Pilot members are fine-tuned by the main zoo's recipe from the same pre-trained start but
-from another random stream (``stream="pilot"`` in :func:`.vision_zoo.member_draws`), so none
+from another random stream (``stream="pilot"`` in :func:`companion.experiments.vision_zoo.member_draws`), so none
 is a member of the main zoo. On them the pilot measures, with rules fixed in ``params.yaml``
 (section ``vision_pilot``) before it ran:
 
@@ -19,7 +19,7 @@ is a member of the main zoo. On them the pilot measures, with rules fixed in ``p
   the chosen size's reliability and the chosen radius's retest (Monte Carlo,
   :func:`companion.analysis.power`), with the ceiling on |τ| they imply.
 
-``python -m companion.experiments.vision_pilot`` writes ``reports/pilots/vision.json``,
+``python -m companion.pilots.vision`` writes ``reports/pilots/vision.json``,
 ``reports/pilots/vision_sharpness.csv`` and ``reports/pilots/vision.md`` (generated from the
 JSON); ``--summarise-only`` recomputes the report from the saved members and sharpness. The
 chosen values are then written into ``params.yaml`` by hand, in their own commit. The
@@ -328,7 +328,7 @@ def render_markdown(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m companion.experiments.vision_pilot", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m companion.pilots.vision", description=__doc__.split("\n")[0])
     ap.add_argument("--section", default=STAGE, choices=SECTIONS,
                     help=f"params.yaml section of the pilot (default {STAGE}; vision16_pilot: 16 patch tokens)")
     ap.add_argument("--profile", default=None)

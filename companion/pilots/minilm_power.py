@@ -11,7 +11,7 @@ For every candidate dev-set size ``D`` (``dev_sizes``) and batches per half ``k`
 * **reliabilities** — of each measure's value (the mean of both halves, ``2k`` batches) by Spearman–Brown from a
   published reliability at the current ``k0`` batches per half, and of the gap by Spearman–Brown from its published
   reliability at the current ``D0`` dev pairs. Two sources, reported side by side: ``pilot`` — the MiniLM pilot's
-  variance components (``reports/pilots/minilm.json``, exactly :func:`companion.experiments.minilm_pilot.reliability`)
+  variance components (``reports/pilots/minilm.json``, exactly :func:`companion.pilots.minilm.reliability`)
   and its gap reliability; ``zoo`` — the main zoo's published reliabilities (``reports/metrics/minilm.json``,
   ``primary_delta_tau``: the reliabilities of the values its primary Δτ used, on the Kendall-retest scale that
   :func:`companion.analysis.delta_power` reads as Pearson ``sin(πr/2)``, and its gap reliability);
@@ -23,13 +23,13 @@ For every candidate dev-set size ``D`` (``dev_sizes``) and batches per half ``k`
   which overstates the cost of a larger design a little.)
 * **members** — the largest even count (≤ ``max_members``) whose cost is within the budget;
 * **power** — of the primary paired Δτ at the paper's Δ, each geodesic measure against adaptive sharpness:
-  :func:`companion.experiments.minilm_pilot.paired_power` (the design of ``reports/preregistration/delta_tau.md``,
+  :func:`companion.pilots.minilm.paired_power` (the design of ``reports/preregistration/delta_tau.md``,
   the Monte Carlo settings of the ``paired`` stage's primary power), the latent correlation of the two measures
   from the source's values. At the current design the ``zoo`` source reproduces the power the ``minilm`` row
   publishes (tested).
 
 Chosen, per source: the design whose smaller power (of the two geodesic measures) is highest; ties to fewer
-members, then the smaller dev set, then fewer batches. ``python -m companion.experiments.minilm_power`` writes
+members, then the smaller dev set, then fewer batches. ``python -m companion.pilots.minilm_power`` writes
 ``reports/pilots/minilm_power.json`` and ``reports/pilots/minilm_power.md`` (generated from the JSON).
 """
 from __future__ import annotations
@@ -40,12 +40,13 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+
+from companion import analysis, paper
+from companion.pilots.common import write_pilot_report
 
 STAGE = "minilm_power"
 OUT = Path("reports/pilots")
-GEODESIC = ("geodesic_invariant", "geodesic_mixed")
-BASELINE = "adaptive"
+GEODESIC, BASELINE = paper.GEODESIC, paper.BASELINE
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,6 @@ class PowerPlan:
     zoo_metrics: str           # reports/metrics/minilm.json
     timings: str               # reports/timings (the timed fresh-clone rebuild)
     report: str                # reports/pilots/<report>.{json,md}
-
-
-def spearman_brown(r: float, factor: float) -> float:
-    """Reliability of a mean over ``factor`` times as many units as the one with reliability ``r``."""
-    if r <= 0:
-        return 0.0
-    return factor * r / (1 + (factor - 1) * r)
 
 
 def member_units(n_train: int, n_dev: int, n_test: int, backward_factor: float) -> float:
@@ -96,7 +90,7 @@ def latent_corr(tau_between: float, rel_a: float, rel_g: float) -> float:
 def sources(p: PowerPlan) -> dict:
     """Per source: the reliabilities at the current design (per measure, and the gap's), the latent correlation of
     each geodesic measure with adaptive sharpness, and the current design they were measured at."""
-    from companion.experiments import minilm_pilot as mp
+    from companion.pilots import minilm as mp
 
     pilot = json.loads(Path(p.pilot_report).read_text())
     zoo = json.loads(Path(p.zoo_metrics).read_text())
@@ -106,7 +100,7 @@ def sources(p: PowerPlan) -> dict:
     out = {"pilot": dict(what=f"the MiniLM pilot's variance components ({pilot['n_members']} members, chosen radii) "
                               f"and gap reliability ({pilot['n_dev']} dev pairs)",
                          k0=n_half, d0=int(pilot["n_dev"]), gap=float(pilot["gap_reliability"]),
-                         per_batch={m: mp.reliability(*comps[m], 1) for m in comps},
+                         per_batch={m: analysis.component_reliability(*comps[m], 1) for m in comps},
                          corr=dict(pilot["corr_latent"]))}
     deltas = {r["measure"]: r for r in zoo["primary_delta_tau"]}
     k0 = zoo["protocol"]["n_batches"] // 2
@@ -145,7 +139,7 @@ def current_design(p: PowerPlan) -> dict:
 def plan(p: PowerPlan, *, progress: bool = False) -> dict:
     """Every candidate design with its members and power, per source, and the chosen design."""
     from companion import paper
-    from companion.experiments import minilm_pilot as mp
+    from companion.pilots import minilm as mp
     from companion.experiments import paired
     from companion.params import stage_params
 
@@ -161,12 +155,12 @@ def plan(p: PowerPlan, *, progress: bool = False) -> dict:
         d0 = src["d0"] if src["d0"] is not None else cur["n_dev"]
         rows = []
         for d in p.dev_sizes:
-            rel_y = spearman_brown(src["gap"], d / d0)
+            rel_y = analysis.step_up(src["gap"], d / d0)
             for k in p.batches_per_half:
                 per = design_seconds(1, k, d, cur, p.backward_factor)
                 n = int(min(p.max_members, math.floor(budget_s / per + 1e-9)))   # the current design: exactly its own
                 n -= n % 2
-                rel = {m: spearman_brown(r1, 2 * k) for m, r1 in src["per_batch"].items()}
+                rel = {m: analysis.step_up(r1, 2 * k) for m, r1 in src["per_batch"].items()}
                 if n < p.min_members:
                     pw = {g: 0.0 for g in GEODESIC}
                 else:
@@ -190,7 +184,7 @@ def render_markdown(r: dict) -> str:
     """The note as markdown, every number from ``r``."""
     cur = r["current"]
     lines = ["# MiniLM row: the design of highest power within the budget (generated)", "",
-             "A design note (issue 31 item 4), computed by `python -m companion.experiments.minilm_power` from "
+             "A design note (issue 31 item 4), computed by `python -m companion.pilots.minilm_power` from "
              "published files only: nothing trained or measured, no gap–sharpness value used.", "",
              f"**Budget**: the current design's two stages as the timed fresh-clone rebuild measured them — "
              f"`minilm_train` {cur['train_seconds'] / 60:.1f} min + `minilm` {cur['measure_seconds'] / 60:.1f} min = "
@@ -201,7 +195,7 @@ def render_markdown(r: dict) -> str:
              f"{cur['n_train']} training, the dev and {cur['n_test']} test pairs) and `minilm` with members × batches.",
              "",
              f"**Power**: of the primary paired Δτ at the paper's Δ (invariant {r['paper_delta']['geodesic_invariant']:+.2f}, "
-             f"mixed {r['paper_delta']['geodesic_mixed']:+.2f}), `companion.experiments.minilm_pilot.paired_power` "
+             f"mixed {r['paper_delta']['geodesic_mixed']:+.2f}), `companion.pilots.minilm.paired_power` "
              f"({r['monte_carlo']['n_sim']} simulated zoos × {r['monte_carlo']['n_boot']} paired resamples, seed "
              f"{r['monte_carlo']['seed']}); reliabilities by Spearman–Brown in batches (measures) and dev pairs (gap)."]
     for name, s in r["sources"].items():
@@ -240,20 +234,8 @@ def render_markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-def write_pilot_report(out: Path, name: str, report: dict, render: Callable[[dict], str], *,
-                       json_too: bool = True) -> None:
-    """Write a pilot's report ``report`` to ``out``: ``<name>.json`` (unless not ``json_too``: a report read back from
-    it, only re-rendered) and its markdown ``render(report)`` to ``<name>.md``, which is also printed. The pilots'
-    common report shape (this one and :mod:`.vision_minima_pilot`)."""
-    if json_too:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}.json").write_text(json.dumps(report, indent=1))
-    (out / f"{name}.md").write_text(render(report))
-    print(render(report))
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m companion.experiments.minilm_power", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m companion.pilots.minilm_power", description=__doc__.split("\n")[0])
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--render-only", action="store_true")

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from companion.experiments import language_pilot as lp
+from companion import analysis
+from companion.pilots import language as lp
 
 
 def _settings(**kw) -> lp.PilotSettings:
@@ -18,48 +19,6 @@ def _settings(**kw) -> lp.PilotSettings:
                 max_train_error=0.2, gap_splits=20, power_alpha=0.05, power_n_sim=200, power_members=[10],
                 max_batches_per_half=15, exploratory_runs=32)
     return lp.PilotSettings(**{**base, **kw})
-
-
-def test_variance_components_recover_the_simulated_ones():
-    rng = np.random.default_rng(1)
-    member = rng.normal(0.0, 0.5, (400, 1))       # s_m = 0.25
-    batch = rng.normal(0.0, 3.0, (1, 30))         # shared batch effects: must not count as noise
-    v = np.exp(member + batch + rng.normal(0.0, 1.0, (400, 30)))   # s_e = 1
-    s_m, s_e = lp.variance_components(v)
-    assert s_m == pytest.approx(member.var(ddof=1), abs=0.03)   # the realised member variance
-    assert s_e == pytest.approx(1.0, rel=0.05)
-
-
-def test_vc_retest_predicts_the_tau_of_two_disjoint_means():
-    # Spearman–Brown reliability of a k-batch mean, as Kendall tau, against tau measured on a large simulation
-    rng = np.random.default_rng(2)
-    s_m, s_e, k = 0.2, 1.0, 4
-    member = rng.normal(0.0, math.sqrt(s_m), (20000, 1))
-    a = (member + rng.normal(0.0, math.sqrt(s_e), (20000, k))).mean(1)
-    b = (member + rng.normal(0.0, math.sqrt(s_e), (20000, k))).mean(1)
-    assert lp.vc_retest(s_m, s_e, k) == pytest.approx(stats.kendalltau(a, b).statistic, abs=0.015)
-    k_star = lp.batches_for(s_m, s_e, 0.8)
-    assert lp.vc_retest(s_m, s_e, math.ceil(k_star)) >= 0.8 > lp.vc_retest(s_m, s_e, math.floor(k_star))
-    assert lp.vc_retest(0.0, 1.0, 8) == 0.0 and lp.batches_for(0.0, 1.0, 0.8) == math.inf
-
-
-def test_split_half_reliability_matches_the_binomial_truth():
-    rng = np.random.default_rng(3)
-    n_members, n_pairs = 300, 2000
-    p = rng.uniform(0.05, 0.15, n_members)
-    truth = p.var() / (p.var() + np.mean(p * (1 - p)) / n_pairs)
-    errors = (rng.random((n_members, n_pairs)) < p[:, None]).astype(float)
-    train = rng.uniform(0.0, 0.05, n_members) * 0  # a constant train error leaves the gap's reliability unchanged
-    assert lp.split_half_reliability(errors, train, n_splits=20, seed=0) == pytest.approx(truth, abs=0.03)
-
-
-@pytest.mark.slow
-def test_power_is_the_level_without_effect_and_grows_with_members():
-    assert lp.power(30, 0.0, 0.9, 0.9, alpha=0.05, n_sim=2000, seed=0) == pytest.approx(0.05, abs=0.015)
-    small = lp.power(20, 0.3, 0.9, 0.9, alpha=0.05, n_sim=500, seed=0)
-    large = lp.power(80, 0.3, 0.9, 0.9, alpha=0.05, n_sim=500, seed=0)
-    noisy = lp.power(80, 0.3, 0.2, 0.9, alpha=0.05, n_sim=500, seed=0)
-    assert small < large and noisy < large
 
 
 def _frame(values: np.ndarray, measure="adaptive", rho=0.1, n_iters=5, seconds=1.0) -> pd.DataFrame:
@@ -99,7 +58,7 @@ def test_extrapolated_protocol_needs_enough_batches_for_every_measure():
     worst = table[table["measure"] == "geodesic_mixed"].iloc[0]
     k = row["batches_per_half"]
     assert k == math.ceil(worst["batches_for_target"]) and row["grad_evals"] == 2 * k * 5
-    assert lp.vc_retest(worst["s_member"], worst["s_resid"], k) >= 0.8
+    assert analysis.component_retest(worst["s_member"], worst["s_resid"], k) >= 0.8
 
 
 def test_report_markdown_is_generated_from_the_report():
@@ -149,21 +108,9 @@ def test_preregistration_applies_the_rules():
     assert "70" in "\n".join(lp._preregistration_lines(pre))
 
 
-def test_split_retest_averages_every_disjoint_split():
-    rng = np.random.default_rng(7)
-    v = rng.normal(size=(9, 4))
-    pairs = [((0,), (1,)), ((0,), (2,)), ((0,), (3,)), ((1,), (2,)), ((1,), (3,)), ((2,), (3,))]
-    ref = np.mean([stats.kendalltau(v[:, a[0]], v[:, b[0]]).statistic for a, b in pairs])
-    assert lp.split_retest(v, 1) == pytest.approx(ref)
-    halves = [stats.kendalltau(v[:, [0, 1]].mean(1), v[:, [2, 3]].mean(1)).statistic,
-              stats.kendalltau(v[:, [0, 2]].mean(1), v[:, [1, 3]].mean(1)).statistic,
-              stats.kendalltau(v[:, [0, 3]].mean(1), v[:, [1, 2]].mean(1)).statistic]
-    assert lp.split_retest(v, 2) == pytest.approx(np.mean(halves))
-
-
 def test_largest_protocol_when_none_reaches_the_target():
     rows = [dict(measure="adaptive", rho=0.1, n_iters=n, s_member=1.0, s_resid=r) for n, r in ((5, 10.0), (20, 30.0))]
     report = {"rho": {"adaptive": 0.1}, "settings": {"batch_size": 128}, "retest": rows}
     p = lp.largest_protocol(report, 15)
     assert p["n_iters"] == 5 and p["pairs_per_half"] == 1920 and not p["reaches_target"]
-    assert p["predicted_retest"]["adaptive"] == pytest.approx(lp.vc_retest(1.0, 10.0, 15))
+    assert p["predicted_retest"]["adaptive"] == pytest.approx(analysis.component_retest(1.0, 10.0, 15))

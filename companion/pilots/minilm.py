@@ -12,7 +12,7 @@ measures:
    second-order correction ratio ``‖½γ̈(0)‖/‖ξ‖`` of the geodesic step, and what is perturbed (the pre-trained
    attention of the top layers: :func:`companion.experiments.minilm_zoo.attention_drift` for every member);
 3. per (measure, radius) the **variance components** of the per-batch values (log) over all pilot members
-   (:func:`companion.experiments.language_pilot.variance_components`): member variance ``s_m`` and residual
+   (:func:`companion.pilots.language.variance_components`): member variance ``s_m`` and residual
    ``s_e``; the mean over ``k`` batches per half then has the retest τ ``(2/π)·arcsin(s_m/(s_m + s_e/k))``, and
    the primary value (the mean of both halves, ``2k`` batches) the Pearson reliability ``s_m/(s_m + s_e/(2k))``;
 4. the **gap reliability** (split halves of the dev pairs, Spearman–Brown) — the gap's own noise, not its
@@ -35,7 +35,7 @@ Rules, fixed in ``params.yaml`` (section ``minilm_pilot``) before any pilot numb
 
 Command line::
 
-    python -m companion.experiments.minilm_pilot --out reports/pilots/minilm.json
+    python -m companion.pilots.minilm --out reports/pilots/minilm.json
 
 trains the pilot zoo first when ``zoo_dir`` holds none (``python -m companion.experiments.minilm_zoo train``
 with the main recipe of ``minilm_train`` and ``n_members`` / ``base_seed`` of this section), and writes the
@@ -60,11 +60,9 @@ from scipy import stats
 
 from companion import paper
 from companion import analysis
-from companion.experiments import language_pilot as lp
 from companion.experiments import minilm_zoo as mz
 
-GEODESIC = ("geodesic_invariant", "geodesic_mixed")
-BASELINE = "adaptive"
+GEODESIC, BASELINE = paper.GEODESIC, paper.BASELINE
 
 
 @dataclass(frozen=True)
@@ -163,19 +161,14 @@ def _values(g: pd.DataFrame) -> np.ndarray:
 
 
 def retest_table(frame: pd.DataFrame, s: MiniLMPilotSettings, fitted: Sequence[str]) -> pd.DataFrame:
-    """Per (measure, radius), over the members ``fitted``: the direct retest (τ between the means of half A and
-    half B), its mean over every split of the batches into two halves, and the variance components."""
+    """Per (measure, radius), over the members ``fitted``: :func:`companion.analysis.batch_retest` of the mean over a
+    whole half (the direct retest between half A and half B, its mean over every split of the batches into two
+    halves, and the variance components)."""
     rows = []
     for (measure, rho), g in frame.groupby(["measure", "rho"], sort=False):
         g = g[g["model"].isin(list(fitted))]
         v = _values(g)
-        k = v.shape[1] // 2
-        s_m, s_e = lp.variance_components(v)
-        rows.append(dict(measure=measure, rho=float(rho), retest=float(stats.kendalltau(v[:, :k].mean(1),
-                                                                                       v[:, k:].mean(1)).statistic),
-                         retest_splits=lp.split_retest(v, k), retest_vc=lp.vc_retest(s_m, s_e, k),
-                         s_member=s_m, s_resid=s_e, noise_ratio=s_e / s_m if s_m > 0 else math.inf,
-                         batches_for_target=lp.batches_for(s_m, s_e, s.target),
+        rows.append(dict(measure=measure, rho=float(rho), **analysis.batch_retest(v, v.shape[1] // 2, target=s.target),
                          seconds_per_batch_iter=float(g["seconds"].sum() / (v.size * s.n_iters))))
     return pd.DataFrame(rows)
 
@@ -191,11 +184,6 @@ def choose_rho(table: pd.DataFrame, diag: pd.DataFrame, s: MiniLMPilotSettings) 
             continue
         out[measure] = float(ok.sort_values(["retest_vc", "rho"], ascending=[False, True])["rho"].iloc[0])
     return out
-
-
-def reliability(s_m: float, s_e: float, n_batches: int) -> float:
-    """Pearson reliability of the mean over ``n_batches`` batches (variance components)."""
-    return s_m / (s_m + s_e / n_batches) if s_m > 0 else 0.0
 
 
 def paired_power(n: int, *, tau_a: float, tau_g: float, sign: float, rel_a: float, rel_g: float, rel_y: float,
@@ -241,7 +229,7 @@ def plan(s: MiniLMPilotSettings, comps: Mapping[str, tuple[float, float]], corr:
         cost = member_cost(train_seconds, sec_per_batch_iter, k, s.n_iters)
         cap = int(min(s.max_members, s.budget_seconds * s.workers // cost))
         cap -= cap % 2
-        rel = {m: reliability(*comps[m], 2 * k) for m in comps}
+        rel = {m: analysis.component_reliability(*comps[m], 2 * k) for m in comps}
         if cap < 4:
             options.append(dict(k=k, cost_seconds=cost, cap=cap, reliability=rel, power={g: 0.0 for g in GEODESIC}))
             continue
@@ -266,7 +254,7 @@ def plan(s: MiniLMPilotSettings, comps: Mapping[str, tuple[float, float]], corr:
     return {"batches_per_half": k, "n_points": 2 * k * s.batch_size, "batch_size": s.batch_size, "n_iters": s.n_iters,
             "n_models": n_models, "cap_binds": not enough, "options": options, "power_grid": grid,
             "power_at_n_models": {g: at[f"power_{g}"] for g in GEODESIC},
-            "predicted_retest_half": {m: lp.vc_retest(*comps[m], k) for m in comps},
+            "predicted_retest_half": {m: analysis.component_retest(*comps[m], k) for m in comps},
             "predicted_reliability": best["reliability"],
             "estimated_wall_seconds": n_models * best["cost_seconds"] / s.workers}
 
@@ -280,7 +268,8 @@ def corr_between(frame: pd.DataFrame, rho: Mapping[str, float], comps: Mapping[s
     for g in GEODESIC:
         t = stats.kendalltau(val[BASELINE].to_numpy(), val[g].loc[val[BASELINE].index].to_numpy()).statistic
         r = math.sin(math.pi * t / 2)
-        rr = math.sqrt(max(reliability(*comps[BASELINE], n_batches) * reliability(*comps[g], n_batches), 1e-12))
+        rr = math.sqrt(max(analysis.component_reliability(*comps[BASELINE], n_batches)
+                           * analysis.component_reliability(*comps[g], n_batches), 1e-12))
         out[g] = float(np.clip(r / rr, -0.99, 0.99))
     return out
 
@@ -305,7 +294,7 @@ def run(s: MiniLMPilotSettings, progress: bool = True) -> dict:
     spb = {m: float(r.seconds_per_batch_iter) for m, r in at.iterrows()}
     errors = mz.MiniLMZoo(s.zoo_dir).eval_errors([m["name"] for m in zoo["models"]])
     train_err = np.array([m["train_error"] for m in zoo["models"]])
-    rel_y = lp.split_half_reliability(errors, train_err, n_splits=s.gap_splits, seed=s.seed)
+    rel_y = analysis.gap_reliability(errors, train_err, seed=s.seed, n_splits=s.gap_splits).split_half
     timings = json.loads(Path(mz.lz.timings_file(s.zoo_dir)).read_text())
     train_seconds = float(np.median([v["seconds"] for v in timings["members"].values()]))
     corr = corr_between(frame, rho, comps, 2 * s.n_half)
@@ -428,7 +417,7 @@ def _preregistration_lines(r: dict) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     from companion.params import settings
 
-    ap = argparse.ArgumentParser(prog="python -m companion.experiments.minilm_pilot", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m companion.pilots.minilm", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports/pilots/minilm.json")
     ap.add_argument("--profile", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -1,10 +1,10 @@
-"""companion.experiments.vision_minima_pilot: members, corners, cost projection, the choice, no gap computed."""
+"""companion.pilots.vision_minima: members, corners, cost projection, the choice, no gap computed."""
 import json
 
 import pytest
 import yaml
 
-from companion.experiments import vision_minima_pilot as vmp
+from companion.pilots import vision_minima as vmp
 from companion.experiments import vision_zoo as vz
 from companion.params import settings
 from tests import ROOT
@@ -172,7 +172,7 @@ def test_the_earlier_pilots_and_sam_keep_the_recipe_they_were_run_with(pilot):
     """The cpu profile moved to the chosen recipe; the 4- and 16-token pilots and sam keep the recipe they ran with."""
     import dataclasses
 
-    from companion.experiments import vision_pilot as vp
+    from companion.pilots import vision as vp
     from companion.params import stage_params
 
     before = vz.load_settings("cpu", pilot.base_overrides + ["cpu_kernels=null"])
