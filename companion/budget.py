@@ -29,8 +29,8 @@ import argparse
 import json
 import re
 from pathlib import Path
+from companion.params import load_yaml
 
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README_BEGIN, README_END = "<!-- budget:begin (python -m companion.budget --readme README.md) -->", "<!-- budget:end -->"
@@ -57,7 +57,7 @@ def cpu_skipped(params: str | Path = PARAMS) -> dict[str, str]:
 
 def stages(dvc_yaml: str | Path = REPO_ROOT / "dvc.yaml") -> list[str]:
     """The pipeline's stages in ``dvc.yaml``'s order."""
-    return list(yaml.safe_load(Path(dvc_yaml).read_text())["stages"])
+    return list(load_yaml(Path(dvc_yaml).read_text())["stages"])
 
 
 def full_rebuild(timings: str | Path, names: list[str], skipped: dict[str, str] | None = None) -> dict | None:

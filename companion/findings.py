@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from companion import paper
+from companion.params import load_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- findings:begin (python -m companion.findings --readme README.md) -->"
@@ -224,12 +225,11 @@ def sentence(theirs: dict[str, str], ours: dict[str, str], metrics_dir: Path) ->
 def stale_measurements(root: str | Path = REPO_ROOT) -> list[str]:
     """Sentences naming each stage whose committed results were measured on another zoo than the one its training
     stage now records in ``dvc.lock`` (the zoo was re-trained, the measuring stage not yet re-run)."""
-    import yaml
 
     lock_path = Path(root) / "dvc.lock"
     if not lock_path.exists():
         return []
-    stages = (yaml.safe_load(lock_path.read_text()) or {}).get("stages", {})
+    stages = (load_yaml(lock_path.read_text()) or {}).get("stages", {})
     made = {o["path"]: (name, o.get("md5")) for name, st in stages.items() for o in st.get("outs", [])
             if str(o.get("path", "")).startswith("data/zoos/")}
     out = []

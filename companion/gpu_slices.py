@@ -435,14 +435,14 @@ def run(settings: dict[str, RowSettings], out: str | os.PathLike, *, budget_s: f
 
 
 def _parse_sets(items) -> dict[str, Any]:
-    import yaml
+    from companion.params import load_yaml
 
     out = {}
     for item in items or []:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: write row.key=value")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = load_yaml(v)
     return out
 
 

@@ -31,8 +31,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Sequence
+from companion.params import load_yaml
 
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECTION = "skipped_stages"
@@ -61,7 +61,7 @@ def declared_outputs(stage: str, dvc_yaml: str | os.PathLike = REPO_ROOT / "dvc.
                      kind: str | None = None) -> list[str]:
     """The paths ``dvc.yaml`` declares as the stage's ``outs`` and ``metrics`` (or only those of ``kind``),
     relative to the repository."""
-    stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
+    stages = load_yaml(Path(dvc_yaml).read_text())["stages"]
     if stage not in stages:
         raise ValueError(f"{dvc_yaml} has no stage {stage!r}")
     out = []

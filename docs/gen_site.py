@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from companion.params import load_yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "build" / "site_src"
 #: the companion's first page shows this figure and Table 1 before anything else
@@ -82,14 +84,10 @@ def saving_cell(notebook: dict, stem: str) -> tuple[int, str] | tuple[None, None
     return None, None
 
 
-#: libyaml's parser when PyYAML was built with it (the same documents, several times faster: dvc.lock is large)
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def _pipeline(root: Path) -> tuple[dict, dict]:
     """``dvc.yaml``'s stages and ``dvc.lock``'s stages, parsed."""
-    stages = yaml.load((root / "dvc.yaml").read_text(), Loader=_SafeLoader)["stages"]
-    lock = yaml.load((root / "dvc.lock").read_text(), Loader=_SafeLoader).get("stages", {})
+    stages = load_yaml((root / "dvc.yaml").read_text())["stages"]
+    lock = load_yaml((root / "dvc.lock").read_text()).get("stages", {})
     return stages, lock
 
 

@@ -20,20 +20,6 @@ import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-import yaml  # noqa: E402
-
-#: ``yaml.safe_load`` in the test processes parses with libyaml (PyYAML's ``CSafeLoader``: the same
-#: constructor and resolver over a C parser) where PyYAML was built with it: params.yaml and dvc.lock
-#: are read hundreds of times across the suite, 0.1-0.3 s each with the pure-Python parser. Processes
-#: the tests start (stages, kernels, CLIs) keep PyYAML's own; tests/test_layout.py checks both
-#: parsers give the same objects for every YAML file of the repository.
-if getattr(yaml, "__with_libyaml__", False):
-    def _safe_load(stream):
-        return yaml.load(stream, Loader=yaml.CSafeLoader)
-
-    _safe_load.__doc__ = yaml.safe_load.__doc__
-    yaml.safe_load = _safe_load
-
 from tests.models import MHAClassifier, bert_batch, tiny_bert  # noqa: E402
 
 

@@ -19,9 +19,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import ROOT
+from companion.params import load_yaml
 
 PACKAGES = ("hideseek", "companion")
 
@@ -117,7 +117,7 @@ def notebook_trees(path: Path) -> list[ast.AST]:
     return trees
 
 
-STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+STAGES = load_yaml((ROOT / "dvc.yaml").read_text())["stages"]
 
 
 def stage_sources(stage: dict) -> tuple[set[str], list[Path]]:

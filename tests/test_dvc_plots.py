@@ -6,15 +6,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import ROOT
+from companion.params import load_yaml
 
 DVC = Path(sys.executable).parent / "dvc"
 
 
 def declared() -> dict:
-    plots = yaml.safe_load((ROOT / "dvc.yaml").read_text()).get("plots") or []
+    plots = load_yaml((ROOT / "dvc.yaml").read_text()).get("plots") or []
     return {k: v for p in plots for k, v in p.items()}
 
 

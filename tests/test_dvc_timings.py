@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from companion.metrics import TIMING_KEY, TIMINGS_DIR, timing_keys
 from tests import ROOT
+from companion.params import load_yaml
 
 #: a printed duration: "12 s", "1.5 min", "3.2 ms", "13.46s/run", "3.70run/s", "1619 seconds", "timings (s): …",
 #: "wall-clock", "ms / step"
@@ -25,7 +25,7 @@ CLOCK_METADATA = ("start_time", "end_time", "duration", "execution")
 
 
 def _declared() -> list[Path]:
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    dvc = load_yaml((ROOT / "dvc.yaml").read_text())
     paths = []
     for stage in dvc["stages"].values():
         for kind in ("outs", "metrics", "plots"):

@@ -56,11 +56,11 @@ def test_the_packages_are_not_shadowed_by_their_test_folders():
         assert not path.is_relative_to(TESTS), f"`import {module.__name__}` found {path}, a test folder"
 
 
-# tests/conftest.py has ``yaml.safe_load`` parse with libyaml in the test processes: both parsers must give the
-# same objects for every YAML file of the repository (params.yaml, dvc.yaml, dvc.lock, ...)
-def test_libyaml_and_pure_python_parse_every_yaml_file_alike():
-    if not getattr(yaml, "__with_libyaml__", False):
-        pytest.skip("PyYAML without libyaml: conftest leaves yaml.safe_load alone")
+# companion.params.load_yaml (the companion's, the site's and the tests' one YAML reader) parses with libyaml where
+# PyYAML has it: it must give yaml.safe_load's objects for every YAML file of the repository (params.yaml, dvc.yaml,
+# dvc.lock, ...)
+def test_load_yaml_parses_every_yaml_file_as_safe_load():
+    from companion.params import load_yaml
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.yaml", "*.yml", "*.lock"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
     assert {"params.yaml", "dvc.yaml", "dvc.lock"} <= set(files)
@@ -70,4 +70,17 @@ def test_libyaml_and_pure_python_parse_every_yaml_file_alike():
             pure = yaml.load(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError:          # not plain YAML (a tagged config): nothing the tests parse with safe_load
             continue
-        assert repr(yaml.load(text, Loader=yaml.CSafeLoader)) == repr(pure), f
+        assert repr(load_yaml(text)) == repr(pure), f
+
+
+def test_one_yaml_reader():
+    """Every YAML read of the companion, the site and the tests goes through companion.params.load_yaml."""
+    import re
+
+    files = [*ROOT.glob("companion/**/*.py"), ROOT / "docs" / "gen_site.py", *ROOT.glob("tests/**/*.py"),
+             *ROOT.glob("benchmarks/**/*.py")]
+    pattern = re.compile(r"yaml\.(safe_load|load|full_load|unsafe_load)\(")
+    here = Path(__file__).resolve()
+    bad = [str(f.relative_to(ROOT)) for f in files
+           if f.resolve() not in (here, ROOT / "companion" / "params.py") and pattern.search(f.read_text())]
+    assert not bad, f"read YAML with companion.params.load_yaml, not yaml.*load: {bad}"

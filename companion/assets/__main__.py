@@ -23,10 +23,10 @@ EXIT_MISSING = 2
 def _profile_from_params(path: Path) -> str | None:
     if not path.is_file():
         return None
-    import yaml
+    from companion.params import load_yaml
 
     with open(path) as f:
-        params = yaml.safe_load(f) or {}
+        params = load_yaml(f) or {}
     return params.get("profile")
 
 

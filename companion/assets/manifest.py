@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-import yaml
 
 from hideseek.open_clip_finetune import CheckpointError
+from companion.params import load_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO_ROOT / "data" / "manifest.yaml"
@@ -128,7 +128,7 @@ def load_manifest(path: str | os.PathLike | None = None) -> Manifest:
     """Read the manifest (default ``data/manifest.yaml`` of this repository)."""
     path = Path(path) if path is not None else DEFAULT_MANIFEST
     with open(path) as f:
-        raw = yaml.safe_load(f)
+        raw = load_yaml(f)
     if not isinstance(raw, dict) or raw.get("version") != 1 or "groups" not in raw:
         raise AssetError(f"{path}: not a version-1 asset manifest")
     return Manifest(

@@ -3,10 +3,10 @@ projection scales each stage's committed time by the measured ratios (checked by
 import dataclasses
 
 import pytest
-import yaml
 
 from benchmarks import vision16_cost as vc
 from tests import ROOT
+from companion.params import load_yaml
 
 MEASURES = ("adaptive", "geodesic_invariant", "geodesic_mixed")
 
@@ -33,7 +33,7 @@ def test_projection_scales_the_recorded_times_by_the_measured_ratios():
     # radius, one set of n at each other exploratory radius
     # (the cpu profile's resolved protocol, as the projection reads it: since the 16-token choices it has no
     # exploratory radius, so the share is 1 there; the defaults' protocol, with radii, is checked below)
-    doc = yaml.safe_load((ROOT / "params.yaml").read_text())["vision"]
+    doc = load_yaml((ROOT / "params.yaml").read_text())["vision"]
     v = {**doc["defaults"], **doc["cpu"]}
     extra = {k: len([x for x in v["exploratory_rho"][k] if x != v["rho"][k]]) for k in MEASURES}
     share = sum(2 for _ in MEASURES) / sum(2 + extra[k] for k in MEASURES)

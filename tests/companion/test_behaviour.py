@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import ROOT
+from companion.params import load_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,7 @@ def test_a_comment_changes_no_stage_and_a_value_change_exactly_its_stages(copy, 
     status1 = _status(copy)
     new = status1 - status0
     dep = "reports/behaviour/relative_flatness.json"
-    stages = yaml.safe_load((copy / "dvc.yaml").read_text())["stages"]
+    stages = load_yaml((copy / "dvc.yaml").read_text())["stages"]
     users = {s for s, st in stages.items() if dep in st.get("deps", [])}
     assert users and users != set(stages) - {"behaviour"}
     assert {s for s, _, _ in new} <= users and {p for _, _, p in new} <= {dep}

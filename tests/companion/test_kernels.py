@@ -12,6 +12,7 @@ import yaml
 from companion import kernels
 from companion.params import stage_params
 from tests import ROOT
+from companion.params import load_yaml
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 UNPINNED = {k: v for k, v in os.environ.items() if k not in kernels.KERNEL_ENV["avx2"] and k != kernels.REEXEC_FLAG}
@@ -70,7 +71,7 @@ CALLS = {
 
 def test_the_cpu_profile_pins_training_and_the_measuring_stages():
     assert stage_params("vision_train", "cpu")[1]["cpu_kernels"] == "avx2"
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = load_yaml((ROOT / "dvc.yaml").read_text())["stages"]
     for stage in WRAPPED:
         assert "companion/kernels.py" in stages[stage]["deps"], stage
         assert stage_params(stage, "gpu")[1]["cpu_kernels"] is None, stage   # the gpu profile: the processor's own
@@ -104,7 +105,7 @@ def test_unpinned_runs_are_refused_in_the_stages_code(tmp_path):
 def test_wrapper_pins_the_command_and_the_processes_it_starts(tmp_path):
     """`python -m companion.kernels STAGE -- COMMAND`: COMMAND, and a process it starts (as the pipeline starts
     the notebook's kernel), run AVX2 kernels with the environment set; cpu_kernels null leaves them alone."""
-    full = yaml.safe_load((ROOT / "params.yaml").read_text())
+    full = load_yaml((ROOT / "params.yaml").read_text())
     pfile = tmp_path / "params.yaml"
     pfile.write_text(yaml.safe_dump({"profile": "cpu", "vision": full["vision"]}))
     grandchild = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {PROBE!r}], check=True)"
@@ -129,7 +130,7 @@ def test_vision_train_restarts_pinned_and_its_workers_train_with_avx2(tmp_path):
     kernels that the members' worker processes ran (collected inside the training function)."""
     from tests.companion.experiments.test_vision_zoo import TINY
 
-    full = yaml.safe_load((ROOT / "params.yaml").read_text())
+    full = load_yaml((ROOT / "params.yaml").read_text())
     pfile = tmp_path / "params.yaml"
     pfile.write_text(yaml.safe_dump({"profile": "cpu", "vision_train": full["vision_train"]}))
     sets = [a for o in TINY + ["n_models=2", "workers=2", "cpu_kernels=avx2"] for a in ("--set", o)]
@@ -151,7 +152,7 @@ def test_a_pinned_stage_refuses_an_unpinned_run_and_runs_under_its_command(stage
     `python -m companion.kernels STAGE --` reading the cpu profile's section, from an unpinned environment) it runs
     to the end. The unpinned run is this (unpinned) test process itself, as in the test above, saving a process
     that imports torch and the stage's code; a test process that runs pinned starts an unpinned one."""
-    full = yaml.safe_load((ROOT / "params.yaml").read_text())
+    full = load_yaml((ROOT / "params.yaml").read_text())
     pfile = tmp_path / "params.yaml"
     pfile.write_text(yaml.safe_dump({"profile": "cpu", stage: full[stage]}))
     call = [sys.executable, "-c", CALLS[stage], str(tmp_path / "out")]

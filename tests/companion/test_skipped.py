@@ -18,6 +18,7 @@ from companion import budget, skipped
 from companion.experiments import paired, table1
 from tests import ROOT
 from tests.companion.notebooks.test_paired import language_tables, tiny_params, vision_tables
+from companion.params import load_yaml
 
 BERT144K = ("language_train", "language", "language_retest")
 WANTED = "not run in the cpu profile (secondary, superseded by the MiniLM row; dropped for the budget)"
@@ -27,7 +28,7 @@ def test_only_the_cpu_profile_skips_the_bert_zoo_and_never_a_primary_row():
     _, cpu = skipped.skipped_stages("cpu")
     assert sorted(cpu) == sorted(BERT144K) and all(WANTED in r for r in cpu.values())
     assert skipped.skipped_stages("gpu")[1] == {} and skipped.skipped_stages("paper")[1] == {}
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = load_yaml((ROOT / "dvc.yaml").read_text())["stages"]
     for s in BERT144K:   # every skipped stage is wrapped, so its command can skip it
         assert stages[s]["cmd"].startswith(f"python -m companion.skipped {s} -- python -m ")
     # the primary rows' stages are not skipped (and not wrapped)
@@ -164,7 +165,7 @@ def test_budget_counts_the_skipped_stages_as_zero_with_their_reason(tmp_path):
     assert secs["language_stability"] == (0.0, "not run in the cpu profile (n_zoos: 0)")
     assert secs["minilm"][0] == 600.0
     other = tmp_path / "params.yaml"
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = load_yaml((ROOT / "params.yaml").read_text())
     raw["skipped_stages"]["cpu"] = {}
     other.write_text(yaml.safe_dump(raw))
     assert budget.stage_seconds(t, ["language"], budget.cpu_skipped(other))["language"][0] == 1626.0

@@ -10,6 +10,7 @@ from PIL import Image
 from companion.assets import AssetError, MissingAssetsError
 from companion.assets.imagenet import ImageNetAssets, clip_preprocess
 from companion.assets.manifest import DEFAULT_MANIFEST
+from companion.params import load_yaml
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]  # sorted, as ImageFolder orders classes
 N_TRAIN = 5  # per class
@@ -18,7 +19,7 @@ N_VAL = 2
 
 def tiny_manifest(tmp_path: Path) -> Path:
     """The real manifest with the class count of the tiny ImageNet."""
-    raw = yaml.safe_load(DEFAULT_MANIFEST.read_text())
+    raw = load_yaml(DEFAULT_MANIFEST.read_text())
     for entry in raw["groups"]["imagenet"]["files"]:
         if entry.get("kind") == "image_folder":
             entry["classes"] = len(WNIDS)

@@ -37,6 +37,7 @@ from companion.experiments import paper_zoos as pz
 from tests import ROOT as REPO
 from tests.companion.assets.test_clip_soups import openai_clip_soup_state_dict, reference_logits
 from tests.companion.assets.test_mnli import DEV, DEV_HEADER, TRAIN, TRAIN_HEADER, write_tsv
+from companion.params import load_yaml
 
 BERT_FIX = REPO / "tests" / "data" / "mccoy_bert_tiny" / "mccoy_bert"
 
@@ -74,7 +75,7 @@ def clip_assets(tmp_path_factory):
         sd = openai_clip_soup_state_dict(**CLIP, seed=10 + i)
         torch.save(sd, root / "clip_soups" / f"model_{i}.pt")
         sds.append(sd)
-    raw = yaml.safe_load(DEFAULT_MANIFEST.read_text())  # the real manifest, with the tiny class count
+    raw = load_yaml(DEFAULT_MANIFEST.read_text())  # the real manifest, with the tiny class count
     for entry in raw["groups"]["imagenet"]["files"]:
         if entry.get("kind") == "image_folder":
             entry["classes"] = len(WNIDS)

@@ -11,6 +11,7 @@ import hideseek as hs
 from companion.experiments import vision_zoo as vz
 from companion.params import ParamsError
 from tests import ROOT
+from companion.params import load_yaml
 
 TINY = ["n_models=2", "workers=1", "threads=1", "data.n_train=60", "data.n_test=50", "data.spec.image_size=8",
         "data.spec.render=16", "model.width=8", "model.heads=2", "model.embed_dim=8", "model.patch_size=4",
@@ -199,7 +200,7 @@ def test_pilot_stream_draws_other_members(tiny):
 
 
 def test_cli_reads_params_and_overrides_and_writes_timings_apart(tmp_path):
-    full = yaml.safe_load(open(ROOT / "params.yaml"))
+    full = load_yaml(open(ROOT / "params.yaml"))
     params = {"profile": "cpu", "vision_train": full["vision_train"]}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     rc = vz.main(["train", "--out", str(tmp_path / "zoo"), "--params", str(tmp_path / "params.yaml"),

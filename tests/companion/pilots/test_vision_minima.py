@@ -2,13 +2,13 @@
 import json
 
 import pytest
-import yaml
 
 from companion.pilots import vision_minima as vmp
 from companion.experiments import vision_zoo as vz
 from companion.params import settings
 from tests import ROOT
 from tests.companion.experiments.test_vision_zoo import TINY
+from companion.params import load_yaml
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_params_declare_the_preregistered_criterion_and_candidates_in_order(pilo
     k1, k2, k3 = (vz.load_settings("cpu", pilot.base_overrides + c.overrides) for c in pilot.candidates)
     base = vz.load_settings("cpu", pilot.base_overrides)
     # the recipe before the pilot: the defaults' ranges (the cpu profile changed none of them then), no warm-up
-    before = yaml.safe_load((ROOT / "params.yaml").read_text())["vision_train"]["defaults"]
+    before = load_yaml((ROOT / "params.yaml").read_text())["vision_train"]["defaults"]
     assert base.ranges == vz.load_settings("gpu").ranges and base.warmup == 0.0
     assert base.pretrain.epochs == before["pretrain"]["epochs"] == 10
     assert k1.ranges.lr == (3e-3, 1.5e-2) and k1.warmup == 0.1 and k1.pretrain.epochs == 30
