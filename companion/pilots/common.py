@@ -16,3 +16,13 @@ def write_pilot_report(out: Path, name: str, report: dict, render: Callable[[dic
         (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     (out / f"{name}.md").write_text(render(report))
     print(render(report))
+
+
+def write_json_report(out: Path, report: dict, render: Callable[[dict], str], *, echo: object = None) -> None:
+    """Write ``report`` to the JSON file ``out`` (``default=float``, a final newline) and ``render(report)`` beside it
+    (``out`` with ``.md``); print ``echo`` if given, else the markdown. The language and MiniLM pilots' shape."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=float) + "\n")
+    md = render(report)
+    out.with_suffix(".md").write_text(md)
+    print(md if echo is None else echo)

@@ -51,6 +51,7 @@ from scipy import stats
 
 from companion import analysis
 from companion.experiments import language_zoo as lz
+from companion.pilots.common import write_json_report
 
 
 @dataclass(frozen=True)
@@ -416,18 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             stability = json.loads(timings.read_text()) if timings.is_file() else None
         report["preregistration"] = preregistration(
             report, json.loads((metrics / "language.json").read_text()), stability, s)
-        out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-        out.with_suffix(".md").write_text(markdown(report))
-        print(_preregistration_lines(report["preregistration"]))
+        write_json_report(out, report, markdown, echo=_preregistration_lines(report["preregistration"]))
         return 0
     import torch
 
     torch.set_num_threads(s.threads)
-    report = run(s)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    write_json_report(out, run(s), markdown)
     return 0
 
 

@@ -61,6 +61,7 @@ from scipy import stats
 from companion import paper
 from companion import analysis
 from companion.experiments import minilm_zoo as mz
+from companion.pilots.common import write_json_report
 
 GEODESIC, BASELINE = paper.GEODESIC, paper.BASELINE
 
@@ -438,12 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(s.threads)
-    report = run(s, progress=not args.no_progress)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    write_json_report(Path(args.out), run(s, progress=not args.no_progress), markdown)
     return 0
 
 
