@@ -58,21 +58,9 @@ HEADLINE_DIR = REPO_ROOT / "reports" / "headline"
 TIMINGS_DIR = REPO_ROOT / "reports" / "timings"
 #: a key or column that holds a wall-clock time (or a ratio of two): never in a DVC output
 TIMING_KEY = re.compile(r"(seconds|timing|duration|elapsed|wall|per_step|step_vs|_time$|^time$|_s$|_ms$)", re.I)
-#: Columns of one τ row, in the order of the paper's Table 1.
-TAU_KEYS = ("tau", "ci_low", "ci_high", "pvalue", "rho", "tau_select", "tau_all", "ci_low_all", "ci_high_all")
 
 
 # --------------------------------------------------------------------------- writing (notebooks)
-
-
-def tau_records(table) -> dict[str, dict[str, Any]]:
-    """``{measure: {tau, ci_low, ci_high, pvalue, rho, tau_select, tau_all, …, n_eval, n_all}}``.
-
-    ``table`` is a per-measure τ table (columns ``measure``, :data:`TAU_KEYS`,
-    ``n_eval``, ``n_all``), e.g. ``VisionResults.table``.
-    """
-    return {name: {k: float(r[k]) for k in TAU_KEYS} | {"n_eval": int(r["n_eval"]), "n_all": int(r["n_all"])}
-            for name, r in table.set_index("measure").iterrows()}
 
 
 def table1_entry(row: str, variant: str, table, *, measures: Iterable[str] | None = None,

@@ -727,13 +727,6 @@ def dev_errors(zoo_dir: str | Path, names: Sequence[str]) -> np.ndarray | None:
 # command line
 
 
-def read_params(params_file: str | Path, profile: str | None, section: str = "language_train") -> tuple[str, dict]:
-    """``(profile, parameters)`` of ``section``: :func:`companion.params.stage_params`."""
-    from companion.params import stage_params
-
-    return stage_params(section, profile, path=params_file)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from hideseek.utils import set_threads
 
