@@ -49,6 +49,7 @@ from companion.experiments import geometry_lines as gl
 from companion.experiments import table1
 from companion.experiments.paired import SplitSettings
 from companion.params import from_mapping
+from companion.pool import run_pool
 
 STAGE = "ablations"
 METRIC_COLUMN = gl.METRIC_COLUMN
@@ -309,8 +310,8 @@ def measure_row(name: str, spec: RowSpec, s: Settings, *, progress: bool = True,
     lines = lines_of(spec, s)
     task = dict(batches=batches, lines=[(ln.key, ln.measure(prot.eps), prot.rho[ln.rho_of]) for ln in lines],
                 n_iters=prot.n_iters, seed=prot.seed)
-    raw = gl.run_pool(measure_member, src.loaders(names), task, workers=s.workers, threads=s.threads,
-                      progress=progress, desc=f"ablations {name}")
+    raw = run_pool(measure_member, src.loaders(names), task, workers=s.workers, threads=s.threads,
+                   progress=progress, desc=f"ablations {name}")
     return analyse_row(name, spec, prot, pub.members.loc[names], per_batch, lines, raw, diff, s)
 
 

@@ -48,6 +48,7 @@ import torch
 from companion import analysis, paper
 from companion.experiments.paired import PowerSettings, SplitSettings
 from companion.params import from_mapping
+from companion.pool import run_pool
 
 STAGE = "geometry_lines"
 METRIC_COLUMN = {"invariant": "geodesic_invariant", "mixed": "geodesic_mixed"}
@@ -291,56 +292,13 @@ def measure_member(name: str, model, *, exact_batches: Sequence, hessian_batches
     return out
 
 
-_POOL: dict[str, Any] = {}
-
-
-def _pool_init(threads: int, task: dict) -> None:
-    torch.set_num_threads(threads)
-    _POOL.clear()
-    _POOL.update(task)
-
-
-def _pool_call(name: str, item) -> dict:
-    task = dict(_POOL)
-    return task.pop("fn")(name, item, **task)
-
-
-def run_pool(fn: Callable, items: Sequence[tuple[str, Any]], task: dict, *, workers: int, threads: int | None,
-             progress: bool = True, desc: str = "geometry lines") -> list[dict]:
-    """``fn(name, item, **task)`` for every ``(name, item)``, in ``workers`` spawned processes of ``threads``
-    intra-op threads each (one item per call, the order kept; ``fn`` a module-level function, items and task
-    picklable); every value as with ``workers=1``, which runs here."""
-    from tqdm.auto import tqdm
-
-    if threads is not None:
-        torch.set_num_threads(threads)
-    bar = tqdm(total=len(items), desc=desc, unit="member", disable=not progress)
-    try:
-        if workers <= 1 or len(items) == 1:
-            out = []
-            for name, item in items:
-                out.append(fn(name, item, **task))
-                bar.update(1)
-            return out
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        results: list[dict | None] = [None] * len(items)
-        with ProcessPoolExecutor(min(workers, len(items)), mp_context=mp.get_context("spawn"),
-                                 initializer=_pool_init, initargs=(torch.get_num_threads(), {**task, "fn": fn})) as ex:
-            futures = {ex.submit(_pool_call, n, m): i for i, (n, m) in enumerate(items)}
-            for f in as_completed(futures):
-                results[futures[f]] = f.result()
-                bar.update(1)
-        return results  # type: ignore[return-value]
-    finally:
-        bar.close()
-
-
 def measure_members(items: Sequence[tuple[str, Any]], task: dict, *, workers: int, threads: int | None,
                     progress: bool = True) -> list[dict]:
-    """:func:`measure_member` for every ``(name, loader)`` (:func:`run_pool`)."""
-    return run_pool(measure_member, items, task, workers=workers, threads=threads, progress=progress)
+    """:func:`measure_member` for every ``(name, loader)``, in ``workers`` spawned processes of ``threads``
+    intra-op threads each, the order kept; every value as with ``workers=1``, which runs here
+    (:func:`companion.pool.run_pool`)."""
+    return run_pool(measure_member, items, task, workers=workers, threads=threads, progress=progress,
+                    desc="geometry lines")
 
 
 # --------------------------------------------------------------------------- statistics of a line

@@ -61,6 +61,7 @@ from tqdm.auto import tqdm
 
 from companion import paper
 from companion.experiments import nli_corpus as nc
+from companion.pool import run_tasks
 from hideseek.measures import Measure
 from hideseek.utils import resolve_device
 
@@ -480,14 +481,9 @@ def _train_members(spec: ZooSpec, data: Data, base_dir: Path, out: Path, progres
         for i in range(n):
             done(train_member(spec, data, base_dir, out, i))
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(spec.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                                 initargs=(spec.to_dict(), str(out / "corpus"), spec.threads or 1)) as ex:
-            futures = [ex.submit(_worker_member, str(base_dir), str(out), i) for i in range(n)]
-            for f in as_completed(futures):
-                done(f.result())
+        run_tasks(_worker_member, [(str(base_dir), str(out), i) for i in range(n)], workers=spec.workers,
+                  initializer=_worker_init, initargs=(spec.to_dict(), str(out / "corpus"), spec.threads or 1),
+                  on_result=lambda _, rec: done(rec))
     bar.close()
     return records  # type: ignore[return-value]
 

@@ -58,6 +58,7 @@ from tqdm.auto import tqdm
 
 from companion.experiments import language_zoo as lz
 from companion.experiments import nli_corpus as nc
+from companion.pool import run_tasks
 
 ZOO_FORMAT = 1
 KIND = "minilm_nli"
@@ -441,16 +442,12 @@ def train_members(spec: MiniLMSpec, data: Data, base, out: str | Path, indices: 
         for i in indices:
             done(train_member(spec, data, base, out, i))
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
         cache = features_file(out)
         torch.save(data, cache)
         try:
-            with ProcessPoolExecutor(min(spec.workers, len(indices)), mp_context=mp.get_context("spawn"),
-                                     initializer=_worker_init, initargs=(spec.to_dict(), spec.threads or 1, str(cache))) as ex:
-                for fut in as_completed([ex.submit(_worker_member, str(out), i) for i in indices]):
-                    done(fut.result())
+            run_tasks(_worker_member, [(str(out), i) for i in indices], workers=spec.workers,
+                      initializer=_worker_init, initargs=(spec.to_dict(), spec.threads or 1, str(cache)),
+                      on_result=lambda _, rec: done(rec))
         finally:
             cache.unlink(missing_ok=True)
     bar.close()

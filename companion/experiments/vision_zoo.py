@@ -44,7 +44,6 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from companion.experiments.glyphs import GlyphSpec, generate
+from companion.pool import run_tasks
 
 STAGE = "vision_train"
 TIMINGS = Path("reports/timings/vision_train.json")
@@ -505,20 +505,9 @@ def train_zoo(out: str | Path, s: VisionTrain, *, stream: str = "main", n_models
     torch.save(init_state, out / "init.pt")
     tasks = [(f"model_{i:03d}", i, hp, seed, str(out)) for i, (hp, seed) in enumerate(member_draws(s, stream, n_models))]
     bar = tqdm(total=len(tasks), desc=f"vision zoo ({stream})", unit="model", disable=not progress)
-    results = []
-    if s.workers > 1:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(s.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                                 initargs=(s, n_test, init_state)) as pool:
-            for r in pool.map(_train_one, tasks):
-                results.append(r)
-                bar.update()
-    else:
-        _worker_init(s, n_test, init_state)
-        for t in tasks:
-            results.append(_train_one(t))
-            bar.update()
+    # one process (_worker_init here) or s.workers spawned ones, the members' order kept
+    results = run_tasks(_train_one, [(t,) for t in tasks], workers=s.workers, initializer=_worker_init,
+                        initargs=(s, n_test, init_state), on_result=lambda *_: bar.update())
     bar.close()
     members = [r for r, _, _ in results]
     seen = [k for _, _, k in results]

@@ -24,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from companion.analysis import gap_vector, kendall, retest_table, tau_curve, value_table  # noqa: F401 (re-exported)
+from companion.pool import check_picklable, run_pool
 from hideseek.measures import Measure
 
 ModelOrLoader = nn.Module | Callable[[], nn.Module]
@@ -210,42 +211,21 @@ def _measure_model(name: str, model: ModelOrLoader, *, batches, measures, grids,
     return rows
 
 
-_POOL: dict[str, Any] = {}
-
-
-def _pool_init(threads: int, task: dict) -> None:
-    torch.set_num_threads(threads)
-    _POOL.clear()
-    _POOL.update(task)
-
-
-def _pool_model(name: str, model: ModelOrLoader) -> list[dict]:
-    return _measure_model(name, model, **_POOL)
-
-
 def _measure_parallel(items, task: dict, workers: int, bar) -> list[dict]:
-    import multiprocessing as mp
-    import pickle
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
+    """The rows of every model, one model per task in ``workers`` spawned processes with this process's
+    thread count (:func:`companion.pool.run_pool`), in the models' order."""
     name, model = items[0]
-    for what, obj in ((f"model {name!r}", model), ("sharpness_fn", task["sharpness_fn"]), ("common", task["common"])):
-        try:
-            pickle.dumps(obj)
-        except Exception as exc:  # noqa: BLE001 (any pickling failure means the same thing here)
-            raise TypeError(f"workers={workers} needs picklable models, loaders, sharpness_fn and common (an "
-                            f"nn.Module or a functools.partial of a module-level function, not a lambda); "
-                            f"{what} is not ({exc}); use workers=1") from None
-    results: list[list[dict] | None] = [None] * len(items)
-    with ProcessPoolExecutor(min(workers, len(items)), mp_context=mp.get_context("spawn"),
-                             initializer=_pool_init, initargs=(torch.get_num_threads(), task)) as ex:
-        futures = {ex.submit(_pool_model, n, m): i for i, (n, m) in enumerate(items)}
-        for f in as_completed(futures):
-            i = futures[f]
-            results[i] = f.result()
-            bar.set_postfix_str(items[i][0], refresh=False)
-            bar.update(len(results[i]))
-    return [row for part in results for row in part]  # type: ignore[union-attr]
+    check_picklable({f"model {name!r}": model, "sharpness_fn": task["sharpness_fn"], "common": task["common"]},
+                    needs=f"workers={workers} needs picklable models, loaders, sharpness_fn and common (an "
+                          "nn.Module or a functools.partial of a module-level function, not a lambda)",
+                    fix="use workers=1")
+
+    def arrived(i: int, rows: list[dict]) -> None:
+        bar.set_postfix_str(items[i][0], refresh=False)
+        bar.update(len(rows))
+
+    results = run_pool(_measure_model, items, task, workers=workers, progress=False, on_result=arrived)
+    return [row for part in results for row in part]
 
 
 # --------------------------------------------------------------------------- tau tables
