@@ -32,7 +32,6 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -166,15 +165,10 @@ def _train(task: tuple) -> dict:
 
 def train_members(s, state: dict, members: list[dict], workers: int) -> list[dict]:
     """Train ``members`` under ``s`` from ``state`` in ``workers`` processes (spawned, ``s.threads`` threads each)."""
-    tasks = [(m["name"], m["hparams"], m["seed"]) for m in members]
-    if workers > 1:
-        import multiprocessing as mp
+    from companion.pool import run_tasks
 
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                                 initargs=(s, state)) as pool:
-            return list(pool.map(_train, tasks))
-    _init(s, state)
-    return [_train(t) for t in tasks]
+    tasks = [((m["name"], m["hparams"], m["seed"]),) for m in members]
+    return run_tasks(_train, tasks, workers=workers, initializer=_init, initargs=(s, state))
 
 
 # --------------------------------------------------------------------------- cost and choice

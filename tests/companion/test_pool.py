@@ -113,10 +113,8 @@ def test_run_pool_calls_fn_with_the_shared_task_in_order_and_keeps_nothing():
     assert not pool._TASK                                                 # the shared task is not held afterwards
 
 
-# the modules that still make their own pool, each to be moved onto companion.pool (then dropped from here)
-KNOWN_OWN_POOLS = {
-    "companion/experiments/vision_minima_pilot.py",   # being moved by another change; the lead switches it after
-}
+# the modules that still make their own pool, each to be moved onto companion.pool (then dropped from here): none
+KNOWN_OWN_POOLS: set[str] = set()
 
 
 def test_no_companion_module_but_the_pool_makes_a_process_pool():
