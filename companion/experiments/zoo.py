@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from companion.analysis import gap_vector, kendall, retest_table, tau_curve, value_table  # noqa: F401 (re-exported)
+from companion.analysis import gap_vector, kendall, tau_curve, value_table
 from companion.pool import check_picklable, run_pool
 from hideseek.measures import Measure
 
@@ -231,10 +231,9 @@ def _measure_parallel(items, task: dict, workers: int, bar) -> list[dict]:
 # --------------------------------------------------------------------------- tau tables
 
 
-# value_table, the tau-vs-rho curve and the test-retest table live in companion.analysis (the one
-# tau implementation); the names below are kept for the stages that import them from here.
+# the tau-vs-rho curve and the test-retest table live in companion.analysis (the one
+# tau implementation); tau_vs_rho is kept for the stages and notebooks that import it from here.
 tau_vs_rho = tau_curve
-retest_taus = retest_table
 
 
 def split_half_taus(frame: pd.DataFrame, gaps, *, seed: int, n_boot: int,

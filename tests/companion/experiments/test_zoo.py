@@ -11,7 +11,8 @@ from scipy import stats
 
 import hideseek as hs
 from companion.experiments.vision_zoo import GlyphViT, ViTConfig
-from companion.experiments.zoo import (STANDARD_MEASURES, measure_zoo, per_batch_halves, retest_taus,
+from companion.analysis import retest_table
+from companion.experiments.zoo import (STANDARD_MEASURES, measure_zoo, per_batch_halves,
                                       split_half_taus, tau_vs_rho, value_table)
 
 TINY = dict(width=8, layers=1, heads=2, patch_size=4, mlp_ratio=2.0, embed_dim=8, logit_scale=5.0)
@@ -192,15 +193,15 @@ def test_per_batch_halves_by_hand():
         per_batch_halves(frame.assign(per_batch=[[1.0], [2.0]]))
 
 
-def test_retest_taus_match_scipy_and_align_models_by_name():
+def test_retest_table_matches_scipy_and_align_models_by_name():
     rng = np.random.default_rng(3)
     names = [f"m{i}" for i in range(15)]
     a = rng.normal(size=15)
     b = a + rng.normal(scale=0.5, size=15)
     first = pd.DataFrame(dict(model=names, measure="x", rho=0.2, value=a))
     second = pd.DataFrame(dict(model=names, measure="x", rho=0.2, value=b)).iloc[::-1]   # other order
-    t = retest_taus(first, second, n_boot=100, seed=0)
+    t = retest_table(first, second, n_boot=100, seed=0)
     assert len(t) == 1 and t["tau"].item() == pytest.approx(stats.kendalltau(a, b).statistic)
     assert t["ci_low"].item() <= t["tau"].item() <= t["ci_high"].item() and t["n"].item() == 15
     with pytest.raises(ValueError, match="no \\(measure, rho\\)"):
-        retest_taus(first, second.assign(rho=0.3), n_boot=0, seed=0)
+        retest_table(first, second.assign(rho=0.3), n_boot=0, seed=0)
