@@ -940,8 +940,11 @@ def summary_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
     return _plain(out)
 
 
-def run_report(params: Mapping[str, Any] | Settings, out_dir, *, progress: bool = True) -> dict[str, Any]:
-    """The stage's one computing call: :func:`run`, then every output written under ``out_dir``:
+def run_report(profile: str, params: Mapping[str, Any] | Settings, out_dir: str | Path, *,
+               progress: bool = True) -> dict[str, Any]:
+    """The stage's one computing call (the entry signature every stage module shares, checked by
+    ``tests/companion/test_contract.py``; ``profile`` is accepted and unused: ``params`` is the resolved
+    profile already): :func:`run`, then every output written under ``out_dir``:
     ``metrics/diagonal.json`` (:func:`summary_metrics`) and ``data/{networks,sharpness,taus,
     alpha_sweep_networks,alpha_sweep_sharpness}.csv`` and the ``plots:`` files
     (:func:`companion.metrics.write_plot_data`; ``taus.csv``: one row per measure, step, radius

@@ -363,7 +363,7 @@ def save_report_data(rep: LanguageReport, out_dir: str | Path) -> None:
         write_plot_data(data, ex["curves"], rep.members[["gap"]].join(values[list(STANDARD)]))
 
 
-def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "cpu", *,
+def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *,
                progress: bool = True) -> LanguageReport:
     """The ``language`` stage without its plots: measure, write metrics and data, return what to plot."""
     from companion import metrics as cm

@@ -227,7 +227,7 @@ def save_report_data(rep: MiniLMReport, out_dir: str | Path) -> None:
     members.to_csv(data / "members.csv")
 
 
-def run_report(params: Mapping[str, Any], out_dir: str | Path, profile: str = "cpu", *,
+def run_report(profile: str, params: Mapping[str, Any], out_dir: str | Path, *,
                progress: bool = True) -> MiniLMReport:
     """Measure, write metrics and data, return what the notebook plots."""
     from companion import kernels

@@ -436,8 +436,10 @@ def findings(rep: PairedReport) -> str:
     return "\n".join("- " + line for line in rep.findings)
 
 
-def run_report(profile: str, params: dict, out_dir: str | Path) -> PairedReport:
-    """Compute and write every output of the stage (see the module docstring)."""
+def run_report(profile: str, params: dict, out_dir: str | Path, *, progress: bool = True) -> PairedReport:
+    """Compute and write every output of the stage (see the module docstring). ``profile`` and ``progress`` are
+    accepted and unused (the entry signature every stage module shares, ``tests/companion/test_contract.py``):
+    ``params`` is the resolved profile already, and the stage reads tables, nothing to report progress on."""
     from companion import metrics as cm
 
     s = load_settings(params)

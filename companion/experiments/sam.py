@@ -205,9 +205,13 @@ class SAMResults:
     timings: dict             # wall clock: seconds per step (median per method), ratio to SAM's, total
 
 
-def run(params: Mapping[str, Any] | Settings, *, profile: str = "cpu", progress: bool = True) -> SAMResults:
-    """The whole experiment (see the module docstring); ``profile`` picks the ``vision_train``
-    settings of the start (unless ``vision_profile`` names one)."""
+def run_report(profile: str, params: Mapping[str, Any] | Settings, out_dir: str | Path, *,
+               progress: bool = True) -> SAMResults:
+    """The stage's one computing call, the whole experiment (see the module docstring), with the entry
+    signature every stage module shares (``tests/companion/test_contract.py``). ``profile`` picks the
+    ``vision_train`` settings of the start (unless ``vision_profile`` names one); ``progress``: a bar over
+    the fine-tunes on stderr. ``out_dir`` is accepted and unused: ``notebooks/sam.ipynb`` writes the
+    stage's tables, timings and metrics under it from the returned :class:`SAMResults`."""
     from hideseek.utils import set_threads
     from tqdm.auto import tqdm
 

@@ -328,9 +328,12 @@ def findings(m: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_report(params: "Mapping[str, Any] | Settings", out_dir) -> dict[str, Any]:
+def run_report(profile: str, params: "Mapping[str, Any] | Settings", out_dir: "str | Path", *,
+               progress: bool = True) -> dict[str, Any]:
     """The stage's one computing call: :func:`run`, then ``out_dir/metrics/toy.json``
-    (:func:`summary_metrics`) written; returns the result with ``metrics`` added."""
+    (:func:`summary_metrics`) written; returns the result with ``metrics`` added. The entry signature every
+    stage module shares (``tests/companion/test_contract.py``): ``profile`` (``params`` is the resolved
+    profile already) and ``progress`` (closed forms on a grid, nothing to report) are accepted and unused."""
     from pathlib import Path
 
     from companion.metrics import write_stage_metrics

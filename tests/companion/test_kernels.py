@@ -44,9 +44,10 @@ WRAPPED = ("vision", "geometry_lines", "sam", "ablations", "minilm", "diagonal",
 #: check, it reaches the zoo, which does not exist here: training one costs minutes, and the minilm notebook's test
 #: runs the stage on a tiny zoo with the processor's own kernels)
 CALLS = {
-    "sam": ("from companion.experiments import sam; from tests.companion.notebooks.test_sam import TINY; "
-            "sam.run({**TINY, 'seeds': [0], 'rho_grid': {'sam': [0.1], 'asam': [0.5], 'geodesic_invariant': [0.1], "
-            "'geodesic_mixed': [0.1]}, 'cpu_kernels': 'avx2'}, progress=False); print('done')"),
+    "sam": ("import sys; from companion.experiments import sam; from tests.companion.notebooks.test_sam import TINY; "
+            "sam.run_report('cpu', {**TINY, 'seeds': [0], 'rho_grid': {'sam': [0.1], 'asam': [0.5], "
+            "'geodesic_invariant': [0.1], 'geodesic_mixed': [0.1]}, 'cpu_kernels': 'avx2'}, sys.argv[1], progress=False); "
+            "print('done')"),
     "ablations": ("import sys; from companion.experiments import ablations as ab; "
                   "from tests.companion.experiments.test_ablations import _settings; "
                   "p = _settings(cpu_kernels='avx2', language=None); "
@@ -58,7 +59,7 @@ CALLS = {
                "eps=0.0, max_train_error=0.3, n_boot=50, gap_splits=10, power_alpha=0.05, power_n_sim=20, "
                "paired=dict(n_boot=100, seed=24, confidence=0.95, power_n_sim=5, power_n_boot=20, retest_splits=10), "
                "cpu_kernels='avx2')\n"
-               "try:\n    mr.run_report(p, sys.argv[1], progress=False)\n"
+               "try:\n    mr.run_report('cpu', p, sys.argv[1], progress=False)\n"
                "except FileNotFoundError as exc:\n    assert 'no zoo at' in str(exc), exc\n    print('done')"),
     "diagonal": ("from companion.experiments import diagonal as D; from tests.companion.notebooks.test_diagonal import TINY; "
                  "p = {**TINY['diagonal'], 'rhos': [0.1], 'n_starts': 2, 'n_iters': 5, 'n_boot': 20, 'alpha_sweep': None, "
