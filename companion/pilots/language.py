@@ -51,6 +51,7 @@ from scipy import stats
 
 from companion import analysis
 from companion.experiments import language_zoo as lz
+from companion.experiments.language_report import split_half
 from companion.pilots.common import write_json_report
 
 
@@ -185,12 +186,6 @@ def dev_errors(zoo_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return errors, np.array([m["train_error"] for m in zoo["models"]])
 
 
-def gap_reliability(test_err: np.ndarray, train_err: np.ndarray, s: PilotSettings) -> float:
-    """The gap's split-half reliability across members (:func:`companion.analysis.gap_reliability`, ``s.gap_splits``
-    splits from ``s.seed``)."""
-    return analysis.gap_reliability(test_err, train_err, seed=s.seed, n_splits=s.gap_splits).split_half
-
-
 # --------------------------------------------------------------------------- the pilot
 
 
@@ -214,8 +209,7 @@ def run(s: PilotSettings) -> dict:
     table = retest_table(pd.concat(frames, ignore_index=True), s, fitted)
     test_err, train_err = dev_errors(s.zoo_dir)
     fit = train_err <= s.max_train_error
-    rel = {"all": gap_reliability(test_err, train_err, s),
-           "fitted": gap_reliability(test_err[fit], train_err[fit], s)}
+    rel = {"all": split_half(test_err, train_err, s), "fitted": split_half(test_err[fit], train_err[fit], s)}
     protocol = smallest_protocol(table, rho, s.target)
     return {"extrapolated": extrapolated_protocols(table, rho, s),"settings": asdict(s), "n_members": len(seeds), "seeds": seeds, "n_fitted": len(fitted),
             "train_error": train_err.tolist(), "n_dev": int(test_err.shape[1]),

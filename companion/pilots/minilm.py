@@ -61,6 +61,7 @@ from scipy import stats
 from companion import paper
 from companion import analysis
 from companion.experiments import minilm_zoo as mz
+from companion.experiments.language_report import split_half
 from companion.pilots.common import write_json_report
 
 GEODESIC, BASELINE = paper.GEODESIC, paper.BASELINE
@@ -295,7 +296,7 @@ def run(s: MiniLMPilotSettings, progress: bool = True) -> dict:
     spb = {m: float(r.seconds_per_batch_iter) for m, r in at.iterrows()}
     errors = mz.MiniLMZoo(s.zoo_dir).eval_errors([m["name"] for m in zoo["models"]])
     train_err = np.array([m["train_error"] for m in zoo["models"]])
-    rel_y = analysis.gap_reliability(errors, train_err, seed=s.seed, n_splits=s.gap_splits).split_half
+    rel_y = split_half(errors, train_err, s)
     timings = json.loads(Path(mz.lz.timings_file(s.zoo_dir)).read_text())
     train_seconds = float(np.median([v["seconds"] for v in timings["members"].values()]))
     corr = corr_between(frame, rho, comps, 2 * s.n_half)
